@@ -1,0 +1,117 @@
+"""Device memory for requests: the request->token map and the paged KV cache.
+
+`ReqToTokenPool` maps (request slot, position) -> KV slot index.
+`MHATokenToKVPool` holds K and V per attention layer, indexed by KV slot. Slot indices
+[0, page_size) are a padding page that is never handed out, so index 0 can be used as
+"no slot" in index tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device: str = "cpu"):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
+        self.free_slots: List[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int = 1) -> Optional[List[int]]:
+        if need_size > len(self.free_slots):
+            return None
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return out
+
+    def free(self, free_index) -> None:
+        if isinstance(free_index, int):
+            self.free_slots.append(free_index)
+        else:
+            self.free_slots.extend(int(i) for i in free_index)
+
+    def write(self, req_pool_idx: int, start: int, indices: torch.Tensor) -> None:
+        self.req_to_token[req_pool_idx, start : start + len(indices)] = indices
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))
+
+
+class MHATokenToKVPool:
+    """K/V buffers of shape [size + page_size, num_kv_heads, head_dim], one pair per attention layer.
+
+    `layer_ids` lists the model layers that own KV (all layers for a dense model, only the
+    attention layers of a hybrid); other code always addresses buffers by model layer id.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_ids: Sequence[int],
+        device: str = "cpu",
+        v_head_dim: Optional[int] = None,
+    ):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.device = device
+        self.layer_ids = list(layer_ids)
+        self._layer_index: Dict[int, int] = {lid: i for i, lid in enumerate(self.layer_ids)}
+        n = size + page_size
+        self.k_buffer = [torch.zeros((n, head_num, head_dim), dtype=dtype, device=device) for _ in self.layer_ids]
+        self.v_buffer = [torch.zeros((n, head_num, self.v_head_dim), dtype=dtype, device=device) for _ in self.layer_ids]
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.layer_ids)
+
+    def bytes_per_token(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return self.layer_num * self.head_num * (self.head_dim + self.v_head_dim) * elem
+
+    def get_kv_size_bytes(self) -> int:
+        return self.bytes_per_token() * (self.size + self.page_size)
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[self._layer_index[layer_id]]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[self._layer_index[layer_id]]
+
+    def get_kv_buffer(self, layer_id: int):
+        i = self._layer_index[layer_id]
+        return self.k_buffer[i], self.v_buffer[i]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+        i = self._layer_index[layer_id]
+        if cache_k.dtype != self.dtype:
+            cache_k = cache_k.to(self.dtype)
+            cache_v = cache_v.to(self.dtype)
+        self.k_buffer[i][loc] = cache_k.view(-1, self.head_num, self.head_dim)
+        self.v_buffer[i][loc] = cache_v.view(-1, self.head_num, self.v_head_dim)
+
+    # Whole-request copies, used by the cpu_tensor retraction backup and PD transfer tests.
+    def get_cpu_copy(self, indices: torch.Tensor) -> List[torch.Tensor]:
+        return [torch.stack([k[indices].cpu(), v[indices].cpu()]) for k, v in zip(self.k_buffer, self.v_buffer)]
+
+    def load_cpu_copy(self, kv_cache_cpu: List[torch.Tensor], indices: torch.Tensor) -> None:
+        for i, kv in enumerate(kv_cache_cpu):
+            self.k_buffer[i][indices] = kv[0].to(self.device)
+            self.v_buffer[i][indices] = kv[1].to(self.device)
