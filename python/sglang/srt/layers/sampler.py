@@ -1,0 +1,233 @@
+"""Turns a batch's next-token logits into token ids (and logprobs), upstream `layers/sampler.py`.
+
+Order of operations, as upstream's pytorch sampling backend:
+1. penalties / grammar mask / logit_bias (`SamplingBatchInfo.apply_logits_bias`), on an fp32 copy;
+2. all-greedy batch: `torch.argmax` of those logits (so greedy output equals HF's greedy);
+3. otherwise: divide by temperature, softmax, drop tokens outside top-k, then outside top-p
+   (cumulative mass of the *unfiltered* sorted probabilities, as upstream), then below
+   `min_p * max_prob`, and sample. Greedy rows (top_k == 1) of a mixed batch take the argmax
+   directly. Rows with a `sampling_seed` sample by Gumbel-max with noise hashed from
+   (seed, position, token id), so their tokens do not depend on the rest of the batch or on the
+   global RNG; the other rows use `torch.multinomial` (global torch RNG).
+
+Logprobs (upstream default, i.e. without SGLANG_RETURN_ORIGINAL_LOGPROB): log-softmax of the
+logits after penalties and temperature scaling, before top-k/top-p/min-p filtering; clamped to
+the float32 minimum instead of -inf so they stay JSON-serializable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+_MASK32 = 0xFFFFFFFF
+_LOGPROB_MIN = torch.finfo(torch.float32).min
+
+TopLogprobs = Tuple[List[float], List[int]]  # (values, token ids) of one position
+
+
+@dataclass
+class SamplerOutput:
+    next_token_ids: torch.Tensor  # [B] int64
+    next_token_logprobs: Optional[torch.Tensor] = None  # [B] float32, when return_logprob
+    top_logprobs: Optional[List[TopLogprobs]] = None  # per request, when return_logprob
+    token_ids_logprobs: Optional[List[Optional[TopLogprobs]]] = None  # per request, if asked
+
+
+class Sampler(nn.Module):
+    """Stateless sampler; an nn.Module like upstream so model runners can hold it as a layer."""
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        sampling_info: SamplingBatchInfo,
+        return_logprob: bool = False,
+        top_logprobs_nums: Optional[Sequence[int]] = None,
+        token_ids_logprobs: Optional[Sequence[Optional[Sequence[int]]]] = None,
+    ) -> SamplerOutput:
+        logits = logits.to(torch.float32, copy=True)
+        sampling_info.apply_logits_bias(logits)
+
+        logprobs = None
+        if sampling_info.is_all_greedy:
+            next_ids = torch.argmax(logits, dim=-1)
+            if return_logprob:
+                logprobs = torch.log_softmax(logits, dim=-1)
+        else:
+            logprobs = torch.log_softmax(logits / sampling_info.temperatures, dim=-1)
+            next_ids = sample_from_logprobs(logprobs, sampling_info)
+            greedy = sampling_info.greedy_mask
+            if bool(greedy.any()):
+                next_ids = torch.where(greedy, torch.argmax(logits, dim=-1), next_ids)
+
+        out = SamplerOutput(next_token_ids=next_ids.to(torch.int64))
+        if return_logprob:
+            logprobs = logprobs.clamp(min=_LOGPROB_MIN)
+            out.next_token_logprobs = logprobs.gather(1, out.next_token_ids.view(-1, 1)).view(-1)
+            if top_logprobs_nums is not None:
+                out.top_logprobs = get_top_logprobs(logprobs, top_logprobs_nums)
+            if token_ids_logprobs is not None:
+                out.token_ids_logprobs = get_token_ids_logprobs(logprobs, token_ids_logprobs)
+        return out
+
+
+def sample_from_logprobs(logprobs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """[B] sampled ids from temperature-scaled logprobs, after top-k/top-p/min-p filtering."""
+    probs = logprobs.exp()
+    if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
+        probs, ids = top_k_top_p_min_p_filter(
+            probs, info.top_ks, info.top_ps, info.min_ps, info.need_min_p_sampling
+        )
+    else:
+        ids = None
+
+    picked = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
+    seeded = info.has_seed
+    any_seeded = bool(seeded.any())
+    unseeded_rows = (~seeded).nonzero().view(-1) if any_seeded else None
+    if unseeded_rows is None:
+        picked = torch.multinomial(probs, num_samples=1).view(-1)
+    elif unseeded_rows.numel():
+        picked[unseeded_rows] = torch.multinomial(probs[unseeded_rows], num_samples=1).view(-1)
+    if any_seeded:
+        rows = seeded.nonzero().view(-1)
+        token_ids = ids[rows] if ids is not None else None
+        picked[rows] = seeded_gumbel_argmax(
+            probs[rows], token_ids, info.seed_lo[rows], info.seed_hi[rows], info.positions[rows]
+        )
+    if ids is not None:
+        picked = ids.gather(1, picked.view(-1, 1)).view(-1)
+    return picked
+
+
+def top_k_top_p_min_p_filter(
+    probs: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    need_min_p: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sorted, filtered probabilities [B, V] (zeros where dropped) and their token ids [B, V].
+
+    Upstream's torch fallback: top-k by rank, top-p on the cumulative mass of the sorted
+    unfiltered probabilities (a token is dropped when the mass before it already exceeds
+    top_p), then min-p relative to the most likely token. The stable sort keeps ties in id
+    order, so a top-k=1 / tiny-top-p row picks exactly `argmax`'s token.
+    """
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
+    probs_sort[ranks >= top_ks.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
+    if need_min_p:
+        thresholds = probs_sort[:, 0] * min_ps
+        probs_sort[probs_sort < thresholds.view(-1, 1)] = 0.0
+    return probs_sort, probs_idx
+
+
+def _mulmod32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(x * m) mod 2**32 for x in [0, 2**32) without int64 overflow (16-bit halves)."""
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return (lo * m + (((hi * m) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32 finalizer) on int64 tensors holding values < 2**32."""
+    x = x ^ (x >> 16)
+    x = _mulmod32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mulmod32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_uniforms(
+    seed_lo: torch.Tensor,
+    seed_hi: torch.Tensor,
+    positions: torch.Tensor,
+    token_ids: torch.Tensor,
+) -> torch.Tensor:
+    """[R, V] float64 uniforms in (0, 1) that depend only on (seed, position, token id)."""
+    key = _mix32(seed_lo ^ _mix32(seed_hi ^ 0x9E3779B9))
+    key = _mix32(key ^ _mix32((positions & _MASK32) ^ 0x85EBCA6B))
+    bits = _mix32(key.view(-1, 1) ^ _mix32(token_ids ^ 0xC2B2AE35))
+    return (bits.to(torch.float64) + 0.5) / 4294967296.0
+
+
+def seeded_gumbel_argmax(
+    probs: torch.Tensor,
+    token_ids: Optional[torch.Tensor],
+    seed_lo: torch.Tensor,
+    seed_hi: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Column index sampled from each row of (unnormalized) probs with hashed Gumbel noise.
+
+    `token_ids[r, c]` is the vocabulary id of column c (sorted layouts); None = identity.
+    argmax(log p + Gumbel) is an exact sample of p / sum(p).
+    """
+    if token_ids is None:
+        token_ids = torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape[0], -1)
+    u = seeded_uniforms(seed_lo, seed_hi, positions, token_ids)
+    gumbel = -torch.log(-torch.log(u))
+    scores = torch.log(probs.to(torch.float64)) + gumbel
+    return torch.argmax(scores, dim=-1)
+
+
+def get_top_logprobs(logprobs: torch.Tensor, top_logprobs_nums: Sequence[int]) -> List[TopLogprobs]:
+    """Per row, the `k` largest logprobs and their token ids (k = 0 gives empty lists)."""
+    max_k = max(top_logprobs_nums, default=0)
+    if max_k <= 0:
+        return [([], []) for _ in top_logprobs_nums]
+    values, indices = logprobs.topk(min(max_k, logprobs.shape[-1]), dim=-1)
+    values, indices = values.tolist(), indices.tolist()
+    return [(values[i][:k], indices[i][:k]) for i, k in enumerate(top_logprobs_nums)]
+
+
+def get_token_ids_logprobs(
+    logprobs: torch.Tensor, token_ids: Sequence[Optional[Sequence[int]]]
+) -> List[Optional[TopLogprobs]]:
+    """Per row, the logprobs of the requested token ids (None where nothing was requested)."""
+    out: List[Optional[TopLogprobs]] = []
+    for i, ids in enumerate(token_ids):
+        if ids is None:
+            out.append(None)
+            continue
+        ids = list(ids)
+        idx = torch.tensor(ids, dtype=torch.int64, device=logprobs.device)
+        out.append((logprobs[i, idx].tolist(), ids))
+    return out
+
+
+@dataclass
+class PromptLogprobs:
+    token_logprobs: torch.Tensor  # [n] float32: logprob of next_ids[i] given positions <= i
+    top_logprobs: Optional[List[TopLogprobs]] = None  # per position, when top_k > 0
+    token_ids_logprobs: Optional[List[TopLogprobs]] = None  # per position, when token_ids given
+
+
+def compute_prompt_logprobs(
+    full_logits: torch.Tensor,
+    next_ids: torch.Tensor,
+    top_k: int = 0,
+    token_ids: Optional[Sequence[int]] = None,
+) -> PromptLogprobs:
+    """Input-token logprobs of one request: row i of `full_logits` predicts `next_ids[i]`.
+
+    As upstream's logits processor (default settings), these are plain log-softmax of the
+    model's logits: no penalties, no temperature. The caller aligns rows with prompt tokens
+    (the first prompt token has no logprob; upstream reports None for it).
+    """
+    logprobs = torch.log_softmax(full_logits.to(torch.float32), dim=-1).clamp(min=_LOGPROB_MIN)
+    next_ids = torch.as_tensor(next_ids, dtype=torch.int64, device=logprobs.device)
+    out = PromptLogprobs(token_logprobs=logprobs.gather(1, next_ids.view(-1, 1)).view(-1))
+    if top_k > 0:
+        out.top_logprobs = get_top_logprobs(logprobs, [top_k] * logprobs.shape[0])
+    if token_ids is not None:
+        out.token_ids_logprobs = get_token_ids_logprobs(logprobs, [token_ids] * logprobs.shape[0])
+    return out

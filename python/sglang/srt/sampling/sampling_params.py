@@ -1,0 +1,226 @@
+"""Per-request sampling parameters, with upstream SGLang's names, defaults and error messages.
+
+Clients send these as the `sampling_params` dict of `/generate` (and the OpenAI adapters map their
+fields onto them), so field names, defaults and the text of every `ValueError` raised by `verify`
+are user-visible facts and follow upstream (`python/sglang/srt/sampling/sampling_params.py`).
+
+Life cycle, as upstream: `SamplingParams(**d)` (unknown keys raise Python's own `TypeError`
+"SamplingParams.__init__() got an unexpected keyword argument 'x'", exactly what upstream does),
+then `normalize(tokenizer)` (stop strings to lists, their token lengths), then
+`verify(vocab_size)`. A temperature below `_SAMPLING_EPS` is turned into greedy decoding
+(`top_k = 1`, `temperature = 1.0`) already in `__init__`, and `top_k = -1` becomes `TOP_K_ALL`,
+so the sampler only ever sees positive top-k values and positive temperatures.
+"""
+
+from __future__ import annotations
+
+import math
+import re._constants as _sre_constants
+import re._parser as _sre_parser
+from typing import Any, Dict, List, Optional, Union
+
+_SAMPLING_EPS = 1e-6
+# "Whole vocabulary": larger than any vocabulary; the sampler clamps it to the logits' width.
+TOP_K_ALL = 1 << 30
+# Length counted for an unbounded regex repetition (`*`, `+`, `{n,}`).
+_REGEX_UNBOUNDED_LEN = 1 << 30
+
+
+class SamplingParams:
+    """Sampling parameters of one request (upstream's fields and defaults)."""
+
+    def __init__(
+        self,
+        max_new_tokens: Optional[int] = 128,
+        stop: Optional[Union[str, List[str]]] = None,
+        stop_token_ids: Optional[List[int]] = None,
+        stop_regex: Optional[Union[str, List[str]]] = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        min_new_tokens: int = 0,
+        n: int = 1,
+        json_schema: Optional[str] = None,
+        regex: Optional[str] = None,
+        ebnf: Optional[str] = None,
+        structural_tag: Optional[str] = None,
+        ignore_eos: bool = False,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        no_stop_trim: bool = False,
+        custom_params: Optional[Dict[str, Any]] = None,
+        stream_interval: Optional[int] = None,
+        logit_bias: Optional[Dict[str, float]] = None,
+        sampling_seed: Optional[int] = None,
+    ) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.stop_strs = stop
+        self.stop_token_ids = set(stop_token_ids) if stop_token_ids else None
+        self.stop_regex_strs = stop_regex
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.min_p = min_p
+        self.frequency_penalty = frequency_penalty
+        self.presence_penalty = presence_penalty
+        self.repetition_penalty = repetition_penalty
+        self.min_new_tokens = min_new_tokens
+        self.n = n
+        self.json_schema = json_schema
+        self.regex = regex
+        self.ebnf = ebnf
+        self.structural_tag = structural_tag
+        self.ignore_eos = ignore_eos
+        self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.no_stop_trim = no_stop_trim
+        self.custom_params = custom_params
+        self.stream_interval = stream_interval
+        self.logit_bias = logit_bias
+        self.sampling_seed = sampling_seed
+        # Filled by normalize().
+        self.stop_str_max_len = 0
+        self.stop_regex_max_len = 0
+
+        # Special cases, as upstream: a (near-)zero temperature means greedy decoding, which the
+        # sampler expresses as top_k == 1 with a neutral temperature.
+        if _is_number(self.temperature) and 0 <= self.temperature < _SAMPLING_EPS:
+            self.temperature = 1.0
+            self.top_k = 1
+        if self.top_k == -1:
+            self.top_k = TOP_K_ALL
+
+    @classmethod
+    def from_dict(cls, d: Optional[Dict[str, Any]]) -> "SamplingParams":
+        """`SamplingParams(**d)`: an unknown key raises upstream's TypeError unchanged."""
+        return cls(**(d or {}))
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.top_k <= 1
+
+    def verify(self, vocab_size: int) -> None:
+        """Rejects out-of-range values with upstream's messages (ValueError)."""
+        t = self.temperature
+        if not _is_number(t) or not math.isfinite(t) or t < 0.0:
+            raise ValueError(f"temperature must be a non-negative finite number, got {t}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}."
+            )
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}."
+            )
+        if not 0.0 <= self.repetition_penalty <= 2.0:
+            raise ValueError(
+                f"repetition_penalty must be in [0, 2], got {self.repetition_penalty}."
+            )
+        if not 0 <= self.min_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}."
+            )
+        if self.max_new_tokens is not None:
+            if self.max_new_tokens < 0:
+                raise ValueError(
+                    f"max_new_tokens must be at least 0, got {self.max_new_tokens}."
+                )
+            if not self.min_new_tokens <= self.max_new_tokens:
+                raise ValueError(
+                    f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
+                    f"got {self.min_new_tokens}."
+                )
+        if self.logit_bias is not None:
+            for token_id in self.logit_bias:
+                if not 0 <= int(token_id) < vocab_size:
+                    raise ValueError(
+                        f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}."
+                    )
+        grammars = [self.json_schema, self.regex, self.ebnf]  # mutually exclusive
+        if sum(g is not None for g in grammars) > 1:
+            raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
+
+    def normalize(self, tokenizer) -> None:
+        """Stop strings/regexes to lists and the longest of them in tokens (upstream semantics).
+
+        `stop_str_max_len` bounds how many trailing tokens the detokenizer must re-decode to
+        spot a stop string; without a tokenizer it falls back to the length in characters.
+        """
+        if self.stop_strs is None:
+            self.stop_strs = []
+            self.stop_str_max_len = 0
+        else:
+            if isinstance(self.stop_strs, str):
+                self.stop_strs = [self.stop_strs]
+            max_len = 0
+            for stop_str in self.stop_strs:
+                if tokenizer is not None:
+                    ids = tokenizer.encode(stop_str, add_special_tokens=False)
+                    max_len = max(max_len, len(ids))
+                else:
+                    max_len = max(max_len, len(stop_str))
+            self.stop_str_max_len = max_len
+
+        if self.stop_regex_strs is None:
+            self.stop_regex_strs = []
+            self.stop_regex_max_len = 0
+        else:
+            if isinstance(self.stop_regex_strs, str):
+                self.stop_regex_strs = [self.stop_regex_strs]
+            self.stop_regex_max_len = max(
+                (get_max_seq_length(r) for r in self.stop_regex_strs), default=0
+            )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Current attribute values (after normalization), for logging and server info."""
+        return {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(self).items()}
+
+    def __repr__(self) -> str:
+        return f"SamplingParams({self.to_dict()})"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def get_max_seq_length(regex_str: str) -> int:
+    """Longest string (in characters) a regex can match; unbounded repeats count as 2**30.
+
+    Used, like upstream, to know how much trailing text must be kept to match a stop regex.
+    """
+    return _max_len(_sre_parser.parse(regex_str))
+
+
+def _max_len(subpattern) -> int:
+    c = _sre_constants
+    total = 0
+    for op, value in subpattern:
+        if op in (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY):
+            total += 1
+        elif op == c.SUBPATTERN:
+            total += _max_len(value[-1])
+        elif op == c.BRANCH:
+            total += max((_max_len(b) for b in value[1]), default=0)
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
+            _, hi, inner = value
+            total += _REGEX_UNBOUNDED_LEN if hi == c.MAXREPEAT else hi * _max_len(inner)
+        elif op in (c.ASSERT, c.ASSERT_NOT, c.AT):
+            continue
+        elif op == c.GROUPREF_EXISTS:
+            _, yes, no = value
+            total += max(_max_len(yes), _max_len(no) if no else 0)
+        elif op == getattr(c, "ATOMIC_GROUP", None):
+            total += _max_len(value)
+        else:  # GROUPREF and anything exotic: no static bound.
+            total += _REGEX_UNBOUNDED_LEN
+    return min(total, _REGEX_UNBOUNDED_LEN)
