@@ -1,0 +1,313 @@
+"""`ServerArgs`: every knob of the server, the rules that derive unset values, and `PortArgs`.
+
+Why the record works the way it does (upstream's "declarations", reference section 1.2):
+operators need to see both what they asked for and what the server decided. So construction
+keeps the input as given (`raw_input()`), runs the resolution rules in upstream's order
+(`server_args_resolution.RESOLUTION_PIPELINE`), and each rule *declares* its decisions under the
+name of the upstream handler that makes them instead of assigning fields. After the last rule
+the declarations are applied to the attributes, so consumers simply read `server_args.page_size`
+and get the resolved value; `resolution_source("page_size")` says which rule chose it and
+`explain()` prints the whole provenance. Validation errors are raised at construction with
+upstream's exact messages, in upstream's order.
+
+Importing this module is cheap (no torch): the CLI checker and launchers import it first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import logging
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from sglang.srt.server_args_cli import add_cli_args_from_fields, namespace_to_kwargs, parse_with_config
+from sglang.srt.server_args_fields import (
+    DeviceFields,
+    DisaggFields,
+    ExecFields,
+    MemoryFields,
+    ModelFields,
+    ObservabilityFields,
+    ParallelFields,
+    ScheduleFields,
+    ServingFields,
+)
+from sglang.srt.server_args_resolution import ServerArgsAssertionError, run_resolution_pipeline
+from sglang.srt.utils import get_free_port_below_ephemeral, is_valid_ipv6_address, split_host_port
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ServerArgs", "PortArgs", "prepare_server_args", "ServerArgsAssertionError", "ZMQ_TCP_PORT_DELTA"]
+
+ZMQ_TCP_PORT_DELTA = 233
+
+FALLBACK_SOURCE = "fallback"
+
+
+class _ResolvingView:
+    """Live read-through of a record under resolution: last declaration wins, else raw input."""
+
+    __slots__ = ("_sa",)
+
+    def __init__(self, sa: "ServerArgs"):
+        object.__setattr__(self, "_sa", sa)
+
+    def __getattr__(self, name: str) -> Any:
+        sa = object.__getattribute__(self, "_sa")
+        for _source, decided in reversed(sa._declarations):
+            if name in decided:
+                return decided[name]
+        raw = sa._raw_input
+        if name in raw:
+            return raw[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ResolvingConfig is read-only; resolution writes through declarations")
+
+
+# Bases are listed in reverse so that `model_path` is the first positional field, as upstream.
+@dataclasses.dataclass
+class ServerArgs(
+    ExecFields,
+    DeviceFields,
+    ParallelFields,
+    DisaggFields,
+    MemoryFields,
+    ScheduleFields,
+    ObservabilityFields,
+    ServingFields,
+    ModelFields,
+):
+    def __post_init__(self) -> None:
+        raw = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        object.__setattr__(self, "_raw_input", raw)
+        object.__setattr__(self, "_declarations", [])
+        object.__setattr__(self, "_resolving", True)
+        try:
+            run_resolution_pipeline(self)
+            self._apply_fallbacks()
+        finally:
+            object.__setattr__(self, "_resolving", False)
+        for name, value in self._overlay().items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_resolving") and name in _FIELD_NAMES:
+            raise AttributeError(
+                f"server_args.{name} assigned during resolution; the record is the operator's input and "
+                "resolution does not write it -- declare the decision with declare_resolution(server_args, "
+                "source, **fields) so it carries a source and leaves the input intact."
+            )
+        object.__setattr__(self, name, value)
+
+    # ---------------------------------------------------------------- declarations
+    def _declare(self, source: str, **fields: Any) -> None:
+        unknown = sorted(set(fields) - _FIELD_NAMES)
+        if unknown:
+            raise AttributeError(f"{source}: {unknown} are not ServerArgs fields")
+        if not self.__dict__.get("_resolving"):
+            raise ValueError(
+                f"{source}: declared after resolution finished; use server_args.override(source, **fields) "
+                "to change a resolved value."
+            )
+        if fields:
+            self._declarations.append((source, dict(fields)))
+
+    def _view(self) -> _ResolvingView:
+        return _ResolvingView(self)
+
+    @staticmethod
+    def _fallback(name: str) -> Any:
+        return _FIELDS[name].metadata.get("fallback")
+
+    def _apply_fallbacks(self) -> None:
+        view = self._view()
+        decided = {
+            name: f.metadata["fallback"]
+            for name, f in _FIELDS.items()
+            if "fallback" in f.metadata and getattr(view, name) is None
+        }
+        if decided:
+            self._declarations.append((FALLBACK_SOURCE, decided))
+
+    def _overlay(self) -> Dict[str, Any]:
+        merged: Dict[str, Any] = {}
+        for _source, decided in self._declarations:
+            merged.update(decided)
+        return merged
+
+    def override(self, source: str, **fields: Any) -> None:
+        """Change resolved values after construction, recorded with a source.
+
+        For decisions that can only be made later (e.g. the scheduler resolving
+        `disaggregation_decode_retraction_backup` from the KV pool it built, reference 4.5:
+        `server_args.override("kv_cache_builder.decode_retraction", disaggregation_decode_retraction_backup=...)`).
+        """
+        unknown = sorted(set(fields) - _FIELD_NAMES)
+        if unknown:
+            raise AttributeError(f"{source}: {unknown} are not ServerArgs fields")
+        self._declarations.append((source, dict(fields)))
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    # ---------------------------------------------------------------- provenance API
+    def raw_input(self) -> Dict[str, Any]:
+        """The fields exactly as the caller gave them (defaults included), before any rule ran."""
+        return copy.deepcopy(self._raw_input)
+
+    def declarations(self) -> List[Tuple[str, Dict[str, Any]]]:
+        """Every decision in the order made: `(source, {field: value})`; later entries win."""
+        return [(source, dict(decided)) for source, decided in self._declarations]
+
+    def resolution_source(self, field: str) -> Optional[str]:
+        """The rule that last declared `field`, or None when the value is the input."""
+        if field not in _FIELD_NAMES:
+            raise AttributeError(f"{field!r} is not a ServerArgs field")
+        for source, decided in reversed(self._declarations):
+            if field in decided:
+                return source
+        return None
+
+    def resolution_result(self, field: str) -> Any:
+        return getattr(self, field)
+
+    def resolved_dict(self) -> Dict[str, Any]:
+        """All public fields with their resolved values (what `/server_info` reports)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        out["enable_dp_attention"] = self.attn_dp_size > 1
+        return out
+
+    def explain(self, only_changed: bool = True) -> str:
+        """Human-readable provenance: one line per field that a rule declared or the user set."""
+        lines = []
+        for f in dataclasses.fields(self):
+            name = f.name
+            value = getattr(self, name)
+            raw = self._raw_input[name]
+            source = self.resolution_source(name)
+            if source is not None:
+                lines.append(f"{name} = {value!r}  [{source}; input {raw!r}]")
+            elif raw != f.default:
+                lines.append(f"{name} = {value!r}  [input]")
+            elif not only_changed:
+                lines.append(f"{name} = {value!r}  [default]")
+        return "\n".join(lines)
+
+    # ---------------------------------------------------------------- helpers for consumers
+    def attention_backends(self) -> Tuple[Optional[str], Optional[str]]:
+        """(prefill, decode) attention backends: the specific flags win over --attention-backend."""
+        return (
+            self.prefill_attention_backend or self.attention_backend,
+            self.decode_attention_backend or self.attention_backend,
+        )
+
+    def url(self) -> str:
+        host = self.host
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if is_valid_ipv6_address(host):
+            return f"http://[{host}]:{self.port}"
+        return f"http://{host}:{self.port}"
+
+    # ---------------------------------------------------------------- CLI
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        add_cli_args_from_fields(parser, ServerArgs)
+        parser.add_argument(
+            "--config",
+            type=str,
+            default=None,
+            help="Read arguments from a YAML file (keys are argument names with - or _); command-line flags override it.",
+        )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        return cls(**namespace_to_kwargs(cls, args))
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ServerArgs)}
+_FIELD_NAMES = frozenset(_FIELDS)
+
+
+def prepare_server_args(argv: Optional[Sequence[str]] = None) -> ServerArgs:
+    """Parse `argv` like `sglang serve` does (with `--config` merged) and build the ServerArgs.
+
+    Unlike upstream 0.5.23 (which returns an unresolved record and resolves at launch), the
+    record is resolved and validated here: construction is resolution in this fork.
+    """
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    args = parse_with_config(parser, argv)
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(message)s")
+    return ServerArgs.from_cli_args(args)
+
+
+# --------------------------------------------------------------------------------------------
+# PortArgs (reference 1.6)
+# --------------------------------------------------------------------------------------------
+
+
+def _ipc_name() -> str:
+    return f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"
+
+
+@dataclasses.dataclass
+class PortArgs:
+    """The ZMQ endpoints and the NCCL port that the server's processes use to talk to each other."""
+
+    tokenizer_ipc_name: str
+    scheduler_input_ipc_name: str
+    detokenizer_ipc_name: str
+    nccl_port: int
+    rpc_ipc_name: str
+    metrics_ipc_name: str
+    tokenizer_worker_ipc_name: Optional[str]
+    decoupled_spec_ipc_config: Optional[Any] = None
+    load_collector_ipc_name: str = ""
+    instance_id: str = ""
+
+    @staticmethod
+    def init_new(
+        server_args: ServerArgs, dp_rank: Optional[int] = None, worker_ports: Optional[List[int]] = None
+    ) -> "PortArgs":
+        nccl_port = server_args.nccl_port or get_free_port_below_ephemeral()
+        tokenizer_worker_ipc_name = None if server_args.tokenizer_worker_num == 1 else _ipc_name()
+        if server_args.attn_dp_size <= 1:
+            return PortArgs(
+                tokenizer_ipc_name=_ipc_name(),
+                scheduler_input_ipc_name=_ipc_name(),
+                detokenizer_ipc_name=_ipc_name(),
+                nccl_port=nccl_port,
+                rpc_ipc_name=_ipc_name(),
+                metrics_ipc_name=_ipc_name(),
+                tokenizer_worker_ipc_name=tokenizer_worker_ipc_name,
+            )
+        # Attention-DP: the DP controller and schedulers may live on other nodes, so TCP.
+        if server_args.dist_init_addr is None:
+            host, port = "127.0.0.1", server_args.port + ZMQ_TCP_PORT_DELTA
+        else:
+            host, port = split_host_port(server_args.dist_init_addr)
+        if is_valid_ipv6_address(host):
+            host = f"[{host}]"
+        base = port + 1
+        if dp_rank is None:
+            scheduler_input_port = base + 4
+        elif worker_ports is not None:
+            scheduler_input_port = worker_ports[dp_rank]
+        else:
+            scheduler_input_port = base + 4 + 1 + dp_rank
+        return PortArgs(
+            tokenizer_ipc_name=f"tcp://{host}:{base}",
+            scheduler_input_ipc_name=f"tcp://{host}:{scheduler_input_port}",
+            detokenizer_ipc_name=f"tcp://{host}:{base + 1}",
+            nccl_port=nccl_port,
+            rpc_ipc_name=f"tcp://{host}:{base + 2}",
+            metrics_ipc_name=f"tcp://{host}:{base + 3}",
+            tokenizer_worker_ipc_name=tokenizer_worker_ipc_name,
+            load_collector_ipc_name=f"tcp://{host}:{base + 5}",
+        )

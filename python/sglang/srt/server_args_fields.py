@@ -1,0 +1,334 @@
+"""The fields of `ServerArgs`, grouped like upstream's `arg_groups/fields/*.py` namespaces.
+
+Each group is a plain dataclass; `ServerArgs` inherits all of them, so a field is declared once
+with its default, its CLI help, choices and aliases (in `metadata`), and the CLI parser is built
+from these declarations (`server_args_cli.add_cli_args_from_fields`). Flag name = `--` + field
+name with `_` -> `-`. Upstream field names, defaults and choices are kept; fork-only differences
+are said in the help text.
+
+No `from __future__ import annotations` here: the CLI builder reads the real types.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+from sglang.srt import server_args_choices as C
+from sglang.srt.utils import human_readable_int
+
+_NO_FALLBACK = object()
+
+
+def json_dict(value: str) -> Dict[str, Any]:
+    import json
+
+    return json.loads(value)
+
+
+def arg(
+    default: Any,
+    help: str,
+    *,
+    choices: Optional[List[Any]] = None,
+    aliases: tuple = (),
+    type_parser: Optional[Callable[[str], Any]] = None,
+    no_cli: bool = False,
+    fallback: Any = _NO_FALLBACK,
+    nargs: Optional[str] = None,
+):
+    """A dataclass field with the CLI metadata upstream keeps in `Arg(...)`.
+
+    `fallback` is the value a field takes when neither the user nor any resolution rule gave
+    one (upstream `Arg(fallback=...)`, e.g. `swa_full_tokens_ratio` 0.8).
+    """
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "aliases": tuple(aliases),
+        "type_parser": type_parser,
+        "no_cli": no_cli,
+        "nargs": nargs,
+    }
+    if fallback is not _NO_FALLBACK:
+        metadata["fallback"] = fallback
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass
+class ModelFields:
+    model_path: str = arg(
+        "default",
+        "The path of the model weights. This can be a local folder or a Hugging Face repo ID. "
+        "Fork: optional; 'default' serves the packaged SmolLM2-135M-Instruct.",
+        aliases=("--model",),
+    )
+    tokenizer_path: Optional[str] = arg(None, "The path of the tokenizer. Defaults to --model-path.")
+    tokenizer_mode: str = arg(
+        "auto",
+        "Tokenizer mode. 'auto' uses the fast tokenizer if available, 'slow' always uses the slow tokenizer.",
+        choices=C.TOKENIZER_MODE_CHOICES,
+    )
+    skip_tokenizer_init: bool = arg(
+        False, "If set, skip init tokenizer and pass input_ids in generate request."
+    )
+    load_format: str = arg(
+        "auto",
+        "The format of the model weights to load. 'dummy' initializes the weights randomly (for profiling).",
+        choices=C.LOAD_FORMAT_CHOICES,
+    )
+    trust_remote_code: bool = arg(False, "Whether or not to allow custom models defined on the Hub in their own modeling files.")
+    context_length: Optional[int] = arg(
+        None,
+        "The model's maximum context length. Defaults to None (will use the value from the model's config.json instead).",
+        type_parser=human_readable_int,
+    )
+    is_embedding: bool = arg(False, "Whether to use a CausalLM as an embedding model.")
+    revision: Optional[str] = arg(None, "The specific model version to use (branch name, tag name, or commit id).")
+    json_model_override_args: str = arg("{}", "A dictionary in JSON string format used to override default model configurations.")
+    dtype: str = arg(
+        "auto",
+        "Data type for model weights and activations. 'auto' uses FP16 for FP32 and FP16 models, "
+        "and BF16 for BF16 models; 'half'/'float16', 'bfloat16', 'float'/'float32'.",
+        choices=C.DTYPE_CHOICES,
+    )
+    kv_cache_dtype: str = arg(
+        "auto",
+        "Data type for kv cache storage. 'auto' will use model data type.",
+        choices=C.KV_CACHE_DTYPE_CHOICES,
+    )
+    served_model_name: Optional[str] = arg(
+        None, "Override the model name returned by the v1/models endpoint in OpenAI API server. Defaults to --model-path."
+    )
+    chat_template: Optional[str] = arg(None, "The builtin chat template name or the path of the chat template file.")
+
+
+@dataclasses.dataclass
+class ServingFields:
+    host: str = arg("127.0.0.1", "The host of the HTTP server.")
+    port: int = arg(30000, "The port of the HTTP server.")
+    api_key: Optional[str] = arg(None, "Set API key of the server. It is also used in the OpenAI API compatible server.")
+    skip_server_warmup: bool = arg(False, "If set, skip warmup.")
+    stream_interval: int = arg(
+        1, "The interval (or buffer size) for streaming in terms of the token length. A smaller value makes streaming smoother."
+    )
+    tokenizer_worker_num: int = arg(1, "The worker num of the tokenizer manager.")
+    file_storage_path: Optional[str] = arg(None, "The path of the file storage in backend.")
+    enable_cache_report: bool = arg(
+        False, "Return number of cached tokens in usage.prompt_tokens_details for each openai request."
+    )
+    enable_streaming_session: bool = arg(False, "Enable streaming sessions (incremental multi-turn requests on one KV).")
+    weight_version: str = arg("default", "Version identifier for the model weights, reported in meta_info.")
+    allow_auto_truncate: bool = arg(False, "Allow automatically truncating requests that exceed the maximum input length.")
+    watchdog_timeout: float = arg(
+        300, "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server will crash to prevent hanging."
+    )
+    sleep_on_idle: bool = arg(False, "Reduce CPU usage when sglang is idle.")
+
+
+@dataclasses.dataclass
+class ObservabilityFields:
+    log_level: str = arg("info", "The logging level of all loggers.")
+    log_level_http: Optional[str] = arg(None, "The logging level of HTTP server. If not set, reuse --log-level by default.")
+    log_requests: bool = arg(False, "Log metadata, inputs, outputs of all requests.")
+    log_requests_level: int = arg(
+        2, "0: metadata. 1: metadata and sampling params. 2: and partial input/output. 3: every input/output.",
+        choices=C.LOG_REQUESTS_LEVEL_CHOICES,
+    )
+    enable_metrics: bool = arg(False, "Enable log prometheus metrics (serves /metrics).")
+    show_time_cost: bool = arg(False, "Show time cost of custom marks.")
+    decode_log_interval: int = arg(40, "The log interval of decode batch.")
+
+
+@dataclasses.dataclass
+class ScheduleFields:
+    mem_fraction_static: Optional[float] = arg(
+        None,
+        "The fraction of the memory used for static allocation (model weights and KV cache memory pool). "
+        "Use a smaller value if you see out-of-memory errors. Fork, on --device cpu: the fraction of the "
+        "host memory available at start that the KV cache pool may take (default 0.8).",
+    )
+    max_running_requests: Optional[int] = arg(None, "The maximum number of running requests.")
+    max_queued_requests: Optional[int] = arg(None, "The maximum number of queued requests. Ignored with PD disaggregation.")
+    max_total_tokens: Optional[int] = arg(
+        None,
+        "The maximum number of tokens in the memory pool. If not specified, it will be automatically calculated "
+        "based on the memory usage fraction. This option is typically used for development and debugging purposes.",
+        type_parser=human_readable_int,
+    )
+    chunked_prefill_size: Optional[int] = arg(
+        None,
+        "The maximum number of tokens in a chunk for the chunked prefill. Setting this to -1 means disabling chunked prefill.",
+    )
+    max_prefill_tokens: int = arg(
+        16384,
+        "The maximum number of tokens in a prefill batch. The real bound will be the maximum of this value and the model's maximum context length.",
+        type_parser=human_readable_int,
+    )
+    schedule_policy: str = arg("fcfs", "The scheduling policy of the requests.", choices=C.SCHEDULE_POLICY_CHOICES)
+    enable_priority_scheduling: bool = arg(False, "Enable priority scheduling. Requests with higher priority integer values will be scheduled first by default.")
+    disable_priority_preemption: bool = arg(False, "With priority scheduling, never preempt running requests for higher-priority ones.")
+    default_priority_value: Optional[int] = arg(None, "Default priority for requests without a priority.")
+    abort_on_priority_when_disabled: bool = arg(False, "Abort requests that specify a priority when priority scheduling is disabled.")
+    schedule_low_priority_values_first: bool = arg(False, "If specified with --enable-priority-scheduling, the scheduler will schedule requests with lower priority integer values first.")
+    priority_scheduling_preemption_threshold: int = arg(10, "Minimum difference in priorities for an incoming request to preempt running request(s).")
+    retraction_policy: str = arg(
+        "length", "Which decode requests are retracted first when the KV pool is full.", choices=C.RETRACTION_POLICY_CHOICES
+    )
+    schedule_conservativeness: float = arg(
+        1.0, "How conservative the schedule policy is. A larger value means more conservative scheduling."
+    )
+    page_size: Optional[int] = arg(None, "The number of tokens in a page. Defaults to 1.")
+    swa_full_tokens_ratio: Optional[float] = arg(
+        None,
+        "The ratio of SWA layer KV tokens / full layer KV tokens, regardless of the number of swa:full layers. It should be between 0 and 1. Defaults to 0.8.",
+        fallback=0.8,
+    )
+    _swa_full_tokens_ratio_explicitly_set: Optional[bool] = arg(None, "Whether --swa-full-tokens-ratio was given.", no_cli=True)
+    swa_prefix_tails: Optional[int] = arg(None, "Number of SWA prefix tail tokens kept per cached prefix.")
+    disable_hybrid_swa_memory: bool = arg(False, "Disable the hybrid SWA memory pool (size SWA layers like full layers).")
+    disable_overlap_schedule: bool = arg(False, "Disable the overlap scheduler, which overlaps the CPU scheduler with GPU model worker.")
+    num_continuous_decode_steps: int = arg(1, "Run multiple continuous decoding steps to reduce scheduling overhead.")
+    enable_mixed_chunk: bool = arg(False, "Enabling mixing prefill and decode in a batch when using chunked prefill.")
+    max_mamba_cache_size: Optional[int] = arg(None, "The maximum size of the mamba cache.")
+    mamba_full_memory_ratio: Optional[float] = arg(
+        None, "The ratio of mamba state memory to full kv cache memory. Defaults to 0.9.", fallback=0.9
+    )
+    mamba_ssm_dtype: Optional[str] = arg(
+        None, "The data type of the SSM states in mamba cache.", choices=C.MAMBA_SSM_DTYPE_CHOICES
+    )
+
+
+@dataclasses.dataclass
+class MemoryFields:
+    radix_eviction_policy: str = arg("lru", "The eviction policy of radix trees.", choices=C.RADIX_EVICTION_POLICY_CHOICES)
+    _radix_eviction_policy_explicitly_set: bool = arg(False, "Whether --radix-eviction-policy was given.", no_cli=True)
+    radix_eviction_policy_config: Optional[Dict[str, Any]] = arg(
+        None, "JSON options of the eviction policy, e.g. '{\"threshold\": 4096, \"next_prompt_estimate\": 512}' for tlru.",
+        type_parser=json_dict,
+    )
+    disable_radix_cache: bool = arg(False, "Disable RadixAttention for prefix caching.")
+    enable_session_radix_cache: bool = arg(False, "Enable the session-aware radix cache.")
+    radix_cache_backend: Optional[str] = arg(None, "Name of a registered radix cache backend to use instead of the default.")
+    enable_hierarchical_cache: bool = arg(False, "Enable hierarchical cache", aliases=("--enable-hicache",))
+    hicache_host_memory_mode: str = arg(
+        "cache", "Host memory mode of the hierarchical cache.", choices=C.HICACHE_HOST_MEMORY_MODE_CHOICES
+    )
+    hicache_ratio: Optional[float] = arg(
+        None,
+        "The ratio of the size of host KV cache memory pool to the size of device pool. "
+        "Defaults to 2.0 in cache mode, 1.2 in buffer_only mode, or 0.2 for backup-only host-pool decode retraction.",
+    )
+    hicache_size: int = arg(0, "The size of host KV cache memory pool in gigabytes, which will override the hicache_ratio if set.")
+    hicache_host_memory_fraction: Optional[float] = arg(
+        0.8, "Upper bound of the host pool as a fraction of the available host memory; must be in (0, 1]."
+    )
+    hicache_write_policy: str = arg("write_through", "The write policy of hierarchical cache.", choices=C.HICACHE_WRITE_POLICY_CHOICES)
+    hicache_io_backend: str = arg("kernel", "The IO backend for KV cache transfer between CPU and GPU.", choices=C.HICACHE_IO_BACKEND_CHOICES)
+    hicache_mem_layout: str = arg("page_first", "The layout of host memory pool for hierarchical cache.", choices=C.HICACHE_MEM_LAYOUT_CHOICES)
+    hicache_storage_backend: Optional[str] = arg(None, "The storage backend for hierarchical KV cache.", choices=C.HICACHE_STORAGE_BACKEND_CHOICES)
+    hicache_storage_prefetch_policy: str = arg(
+        "timeout", "Control when prefetching from the storage backend should stop.", choices=C.HICACHE_STORAGE_PREFETCH_POLICY_CHOICES
+    )
+    hicache_storage_backend_extra_config: Optional[str] = arg(None, "A JSON string (or @file) with extra config for the storage backend.")
+    enable_unified_cache_external_linker: bool = arg(False, "Link the unified radix cache to an external KV store.")
+    enable_lmcache: bool = arg(False, "Use LMCache as an alternative hierarchical cache solution.")
+    lmcache_config_file: Optional[str] = arg(None, "Path of the LMCache config file.")
+
+
+@dataclasses.dataclass
+class DisaggFields:
+    disaggregation_mode: str = arg(
+        "null",
+        "Only used for PD disaggregation. 'prefill' for prefill-only server, and 'decode' for decode-only server. "
+        "If not specified, it is not PD disaggregated.",
+        choices=C.DISAGG_MODE_CHOICES,
+    )
+    disaggregation_transfer_backend: str = arg(
+        "mooncake",
+        "The backend for disaggregation transfer. 'mooncake_tcp' is 'mooncake' forced onto TCP (MC_FORCE_TCP=1); "
+        "'fake' sends nothing (decode-side benchmarking).",
+        choices=C.DISAGG_TRANSFER_BACKEND_CHOICES,
+    )
+    disaggregation_bootstrap_port: int = arg(8998, "Bootstrap server port on the prefill server.")
+    disaggregation_ib_device: Optional[str] = arg(
+        None,
+        "The InfiniBand devices for disaggregation transfer: a single device, a comma list, a JSON object "
+        "mapping GPU ids to devices, or the path of such a JSON file.",
+    )
+    disaggregation_decode_retraction_backup: Optional[str] = arg(
+        None,
+        "Storage backend for KV preserved across PD decode retraction. 'cpu_tensor' uses per-request CPU tensors. "
+        "'host_pool' uses a reserved HiCache pool and does not fall back on exhaustion. 'none' keeps no backup: "
+        "a retracted request is aborted with 503 for the client to retry. If omitted, the backend is inferred "
+        "from the decode KV pool.",
+        choices=C.DECODE_RETRACTION_BACKUP_CHOICES,
+    )
+    disaggregation_decode_enable_offload_kvcache: bool = arg(False, "Enable async KV cache offloading on decode server (PD mode).")
+    disaggregation_decode_enable_radix_cache: bool = arg(
+        False, "Enable the radix cache on the decode server (experimental; the decode server disables it by default)."
+    )
+    disaggregation_decode_host_receive_threshold: float = arg(
+        1.0, "Pool usage above which new transfers land in the decode host pool; in [0, 1]; below 1 requires host_pool retraction."
+    )
+    disaggregation_decode_allocation_policy: str = arg(
+        "early", "When the decode server allocates KV for an incoming transfer.", choices=C.DECODE_ALLOCATION_POLICY_CHOICES
+    )
+    disaggregation_decode_extra_slots: Optional[int] = arg(None, "Extra request slots preallocated on the decode server.")
+    disaggregation_decode_polling_interval: int = arg(
+        1, "The interval to poll requests in decode server. Can be set to >1 to reduce the overhead of this."
+    )
+    num_reserved_decode_tokens: int = arg(512, "Number of decode tokens that will have memory reserved when adding new request to the running batch.")
+    disaggregation_enable_kv_checksum: bool = arg(False, "Verify transferred KV pages with an Adler-32 checksum.")
+    optimistic_prefill_attempts: int = arg(0, "Number of optimistic prefill attempts (prefill_complete allocation policy).")
+
+
+@dataclasses.dataclass
+class ParallelFields:
+    tp_size: int = arg(1, "The tensor parallelism size.", aliases=("--tensor-parallel-size",))
+    dp_size: int = arg(1, "The data parallelism size.", aliases=("--data-parallel-size",))
+    pp_size: int = arg(1, "The pipeline parallelism size.", aliases=("--pipeline-parallel-size",))
+    ep_size: int = arg(1, "The expert parallelism size.", aliases=("--expert-parallel-size", "--ep"))
+    attn_dp_size: int = arg(1, "The attention data parallelism size.", aliases=("--attention-data-parallel-size",))
+    attn_cp_size: int = arg(1, "The attention context parallelism size.", aliases=("--attention-context-parallel-size",))
+    dcp_size: int = arg(1, "The decode context parallelism size.", aliases=("--decode-context-parallel-size",))
+    load_balance_method: str = arg(
+        "auto",
+        "The load balancing strategy for data parallelism. 'auto' picks follow_bootstrap_room on a PD prefill server, else round_robin.",
+        choices=C.LOAD_BALANCE_METHOD_CHOICES,
+    )
+    nnodes: int = arg(1, "The number of nodes.")
+    node_rank: int = arg(0, "The node rank.")
+    dist_init_addr: Optional[str] = arg(
+        None, "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).", aliases=("--nccl-init-addr",)
+    )
+    dist_timeout: Optional[int] = arg(None, "Set timeout for torch.distributed initialization.")
+    nccl_port: Optional[int] = arg(None, "The port for NCCL distributed environment setup. Defaults to a random port.")
+
+
+@dataclasses.dataclass
+class DeviceFields:
+    device: Optional[str] = arg(None, "The device to use ('cuda', 'cpu', ...). Defaults to cuda if available, else cpu.")
+    base_gpu_id: int = arg(0, "The base GPU ID to start allocating GPUs from.")
+    gpu_id_step: int = arg(1, "The delta between consecutive GPU IDs that are used.")
+    random_seed: Optional[int] = arg(None, "The random seed. Defaults to a random value.")
+
+
+@dataclasses.dataclass
+class ExecFields:
+    attention_backend: Optional[str] = arg(
+        None,
+        "Choose the kernels for attention layers. Fork defaults: torch_native on --device cpu, triton on cuda.",
+        choices=C.ATTENTION_BACKEND_CHOICES,
+    )
+    prefill_attention_backend: Optional[str] = arg(
+        None, "Choose the kernels for prefill attention layers (have priority over --attention-backend).", choices=C.ATTENTION_BACKEND_CHOICES
+    )
+    decode_attention_backend: Optional[str] = arg(
+        None, "Choose the kernels for decode attention layers (have priority over --attention-backend).", choices=C.ATTENTION_BACKEND_CHOICES
+    )
+    sampling_backend: Optional[str] = arg(
+        None, "Choose the kernels for sampling layers. Fork default: pytorch.", choices=C.SAMPLING_BACKEND_CHOICES
+    )
+    triton_attention_num_kv_splits: int = arg(8, "The number of KV splits in flash decoding Triton kernel.")
+    triton_attention_reduce_in_fp32: bool = arg(False, "Cast the intermediate attention results to fp32 (triton backend).")
+    disable_cuda_graph: bool = arg(False, "Disable cuda graph (deprecated upstream spelling; a no-op on CPU).")
+    enable_torch_compile: bool = arg(False, "Optimize the model with torch.compile. Experimental feature.")
