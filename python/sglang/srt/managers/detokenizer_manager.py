@@ -1,0 +1,115 @@
+"""Turns token ids into text incrementally, never splitting a UTF-8 character.
+
+Per request we keep (decoded_text, surr_offset, read_offset): `decode(ids[surr:read])` is the
+text already committed for the surrounding window, `decode(ids[surr:])` the text with the new
+tokens; their difference is the new text. It is committed only when it does not end in the
+replacement character (an incomplete multi-byte sequence). On finish the matched stop string
+(or stop token) is trimmed unless `no_stop_trim`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+from sglang.srt.managers.io_struct import BatchStrOutput, BatchTokenIDOutput
+
+logger = logging.getLogger(__name__)
+
+MAX_STATES = 1 << 16  # upstream: SGLANG_DETOKENIZER_MAX_STATES
+
+
+@dataclass
+class DecodeStatus:
+    decoded_text: str = ""
+    surr_offset: int = 0
+    read_offset: int = 0
+
+
+def trim_matched_stop(text: str, finished_reason: Optional[dict], no_stop_trim: bool) -> str:
+    if no_stop_trim or not finished_reason or finished_reason.get("type") != "stop":
+        return text
+    matched = finished_reason.get("matched")
+    if isinstance(matched, str) and matched:
+        pos = text.find(matched)
+        return text[:pos] if pos != -1 else text
+    return text
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: "OrderedDict[str, DecodeStatus]" = OrderedDict()
+
+    def _decode(self, ids, skip_special_tokens: bool) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def handle(self, out: BatchTokenIDOutput) -> BatchStrOutput:
+        texts = []
+        for i, rid in enumerate(out.rids):
+            ids = out.output_ids[i]
+            reason = out.finished_reasons[i]
+            if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not out.no_stop_trim[i]:
+                ids = ids[:-1]  # a matched stop token is not part of the text
+            st = self.states.get(rid)
+            if st is None:
+                st = DecodeStatus()
+                self.states[rid] = st
+                if len(self.states) > MAX_STATES:
+                    self.states.popitem(last=False)
+            skip = out.skip_special_tokens[i]
+            surr_text = self._decode(ids[st.surr_offset : st.read_offset], skip)
+            read_text = self._decode(ids[st.surr_offset :], skip)
+            new_text = read_text[len(surr_text) :]
+            if reason is not None:
+                text = trim_matched_stop(st.decoded_text + new_text, reason, out.no_stop_trim[i])
+                self.states.pop(rid, None)
+            else:
+                if new_text and not new_text.endswith("\ufffd"):
+                    st.decoded_text += new_text
+                    st.surr_offset = st.read_offset
+                    st.read_offset = len(ids)
+                text = st.decoded_text
+            texts.append(text)
+        return BatchStrOutput(
+            rids=out.rids,
+            finished_reasons=out.finished_reasons,
+            output_strs=texts,
+            output_ids=out.output_ids,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            retraction_counts=out.retraction_counts,
+            output_token_logprobs=out.output_token_logprobs,
+            output_top_logprobs=out.output_top_logprobs,
+            input_token_logprobs=out.input_token_logprobs,
+            input_top_logprobs=out.input_top_logprobs,
+        )
+
+
+def run_detokenizer_process(server_args, port_args, ready_pipe=None) -> None:
+    """Subprocess entry: PULL BatchTokenIDOutput from the scheduler, PUSH BatchStrOutput to the tokenizer manager."""
+    import zmq
+
+    from sglang.srt.utils.process import configure_subprocess
+
+    configure_subprocess("detokenizer", server_args)
+    from sglang.srt.managers.tokenizer_loading import load_tokenizer
+
+    detok = IncrementalDetokenizer(load_tokenizer(server_args))
+    ctx = zmq.Context(2)
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(port_args.detokenizer_ipc_name)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(port_args.tokenizer_ipc_name)
+    if ready_pipe is not None:
+        ready_pipe.send("ready")
+    while True:
+        msg = recv.recv_pyobj()
+        if isinstance(msg, BatchTokenIDOutput):
+            if msg.rids:
+                send.send_pyobj(detok.handle(msg))
+        else:
+            send.send_pyobj(msg)  # control replies pass through

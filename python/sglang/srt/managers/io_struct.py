@@ -1,0 +1,205 @@
+"""Typed messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
+
+They travel pickled over ZMQ. `GenerateReqInput` is also the request object of `/generate`
+and `Engine.generate`; `normalize_batch_and_arguments` turns a batch request into one entry
+per (prompt, sample) pair.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class GenerateReqInput:
+    text: Optional[Union[List[str], str]] = None
+    input_ids: Optional[Union[List[List[int]], List[int]]] = None
+    input_embeds: Optional[Any] = None
+    sampling_params: Optional[Union[List[Dict], Dict]] = None
+    rid: Optional[Union[List[str], str]] = None
+    return_logprob: Optional[Union[List[bool], bool]] = None
+    logprob_start_len: Optional[Union[List[int], int]] = None
+    top_logprobs_num: Optional[Union[List[int], int]] = None
+    token_ids_logprob: Optional[Any] = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    log_metrics: bool = True
+    return_hidden_states: Union[List[bool], bool] = False
+    modalities: Optional[Any] = None
+    image_data: Optional[Any] = None
+    video_data: Optional[Any] = None
+    audio_data: Optional[Any] = None
+    lora_path: Optional[Any] = None
+    lora_id: Optional[Any] = None
+    session_params: Optional[Any] = None
+    custom_logit_processor: Optional[Any] = None
+    # PD disaggregation: where the prefill server's bootstrap endpoint is, and the room id.
+    bootstrap_host: Optional[Union[List[str], str]] = None
+    bootstrap_port: Optional[Union[List[Optional[int]], int]] = None
+    bootstrap_room: Optional[Union[List[int], int]] = None
+    bootstrap_pair_key: Optional[Any] = None
+    data_parallel_rank: Optional[int] = None
+    routed_dp_rank: Optional[int] = None
+    priority: Optional[int] = None
+    extra_key: Optional[Union[List[str], str]] = None
+    cache_salt: Optional[Union[List[str], str]] = None
+    no_logs: bool = False
+    custom_labels: Optional[Dict[str, str]] = None
+    return_bytes: bool = False
+    return_entropy: bool = False
+    return_prompt_token_ids: bool = False
+    background: bool = False
+    # Filled by normalization.
+    is_single: bool = True
+    batch_size: int = 1
+
+    def normalize_batch_and_arguments(self) -> None:
+        if (self.text is None and self.input_ids is None and self.input_embeds is None) or (
+            self.text is not None and self.input_ids is not None
+        ):
+            raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        if self.text is not None:
+            self.is_single = isinstance(self.text, str)
+            self.batch_size = 1 if self.is_single else len(self.text)
+        else:
+            self.is_single = len(self.input_ids) == 0 or isinstance(self.input_ids[0], int)
+            self.batch_size = 1 if self.is_single else len(self.input_ids)
+        if not self.is_single and self.batch_size == 0:
+            raise ValueError("The batch of prompts is empty.")
+
+    def _pick(self, value, i):
+        if isinstance(value, list) and not self.is_single:
+            return value[i]
+        return value
+
+    def _pick_sampling(self, i):
+        sp = self.sampling_params
+        if isinstance(sp, list):
+            return sp[i] if not self.is_single else (sp[0] if sp else {})
+        return sp or {}
+
+    def split(self) -> List["GenerateReqInput"]:
+        """One single-prompt request per batch entry (rids, sampling params and PD fields picked per entry)."""
+        if self.is_single:
+            return [self]
+        out = []
+        for i in range(self.batch_size):
+            out.append(
+                GenerateReqInput(
+                    text=self.text[i] if self.text is not None else None,
+                    input_ids=self.input_ids[i] if self.input_ids is not None else None,
+                    sampling_params=self._pick_sampling(i),
+                    rid=self._pick(self.rid, i),
+                    return_logprob=self._pick(self.return_logprob, i),
+                    logprob_start_len=self._pick(self.logprob_start_len, i),
+                    top_logprobs_num=self._pick(self.top_logprobs_num, i),
+                    return_text_in_logprobs=self.return_text_in_logprobs,
+                    stream=self.stream,
+                    bootstrap_host=self._pick(self.bootstrap_host, i),
+                    bootstrap_port=self._pick(self.bootstrap_port, i),
+                    bootstrap_room=self._pick(self.bootstrap_room, i),
+                    priority=self.priority,
+                    extra_key=self._pick(self.extra_key, i),
+                    cache_salt=self._pick(self.cache_salt, i),
+                    return_prompt_token_ids=self.return_prompt_token_ids,
+                )
+            )
+        return out
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: Optional[str]
+    input_ids: List[int]
+    sampling_params: Any  # SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
+    priority: Optional[int] = None
+    extra_key: Optional[str] = None
+
+
+@dataclass
+class BatchTokenIDOutput:
+    """Scheduler -> detokenizer: new tokens (and finished state) of some requests."""
+
+    rids: List[str]
+    finished_reasons: List[Optional[dict]]
+    output_ids: List[List[int]]  # all output ids so far, per request
+    read_offsets: List[int]  # ids before this offset were already sent in an earlier chunk
+    skip_special_tokens: List[bool]
+    spaces_between_special_tokens: List[bool]
+    no_stop_trim: List[bool]
+    stop_strs: List[List[str]]
+    prompt_tokens: List[int]
+    completion_tokens: List[int]
+    cached_tokens: List[int]
+    retraction_counts: List[int]
+    # Per request: list of (logprob, token_id) and top-k lists, for the new output tokens only.
+    output_token_logprobs: List[Optional[list]] = field(default_factory=list)
+    output_top_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_token_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_top_logprobs: List[Optional[list]] = field(default_factory=list)
+
+
+@dataclass
+class BatchStrOutput:
+    """Detokenizer -> tokenizer manager: BatchTokenIDOutput plus the decoded text so far."""
+
+    rids: List[str]
+    finished_reasons: List[Optional[dict]]
+    output_strs: List[str]  # full text so far per request (stop strings trimmed at the end)
+    output_ids: List[List[int]]
+    prompt_tokens: List[int]
+    completion_tokens: List[int]
+    cached_tokens: List[int]
+    retraction_counts: List[int]
+    output_token_logprobs: List[Optional[list]] = field(default_factory=list)
+    output_top_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_token_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_top_logprobs: List[Optional[list]] = field(default_factory=list)
+
+
+@dataclass
+class AbortReq:
+    rid: str = ""
+    abort_all: bool = False
+    finished_reason: Optional[dict] = None
+
+
+@dataclass
+class FlushCacheReqInput:
+    pass
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+
+
+@dataclass
+class GetInternalStateReq:
+    pass
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    internal_state: Dict[str, Any]
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once by the scheduler after its model and pools are built."""
+
+    info: Dict[str, Any]

@@ -1,0 +1,408 @@
+"""The scheduler: owns the model, the KV memory and the prefix cache, and runs the batches.
+
+One iteration (`step`): admit waiting requests into a prefill (extend) batch if any fit, else
+decode the running requests (retracting some first if the next token does not fit), sample,
+append tokens, finish requests and release their memory into the radix tree.
+
+It runs in-process (tests, `step()`) or as a subprocess (`run_scheduler_process`) that reads
+`TokenizedGenerateReqInput`/`AbortReq`/... from ZMQ and pushes `BatchTokenIDOutput` to the
+detokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import List, Optional
+
+import torch
+
+from sglang.srt.managers.io_struct import BatchTokenIDOutput, TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder, order_waiting_queue
+from sglang.srt.managers.scheduler_output import collect_outputs, record_logprobs
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+class Scheduler:
+    def __init__(self, server_args, model_runner=None):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.layers.sampler import Sampler
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.model_loader.default_model import resolve_model_path
+
+        self.server_args = server_args
+        if model_runner is None:
+            model_path = resolve_model_path(server_args.model_path)
+            model_config = ModelConfig.from_path(model_path, server_args.context_length)
+            model_runner = ModelRunner(model_config, server_args)
+        self.model_runner = model_runner
+        self.model_config = model_runner.model_config
+        self.device = model_runner.device
+        self.page_size = model_runner.page_size
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
+        self.max_total_num_tokens = model_runner.max_total_num_tokens
+        self.max_running_requests = min(
+            server_args.max_running_requests or self.req_to_token_pool.size, self.req_to_token_pool.size
+        )
+        self.max_req_input_len = min(self.model_config.context_len - 1, self.max_total_num_tokens - 1)
+
+        self.tokenizer = None
+        self.eos_token_ids = _eos_token_ids(self.model_config)
+        if not getattr(server_args, "skip_tokenizer_init", False):
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                self.model_config.model_path, trust_remote_code=getattr(server_args, "trust_remote_code", False)
+            )
+            if self.tokenizer.eos_token_id is not None:
+                self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+        self.tree_cache = create_tree_cache(
+            TreeCacheBuildContext(
+                server_args=server_args,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=self.page_size,
+                is_hybrid_swa=False,
+                is_hybrid_ssm=self.model_config.is_hybrid_ssm,
+                disable_radix_cache=server_args.disable_radix_cache,
+                enable_hierarchical_cache=getattr(server_args, "enable_hierarchical_cache", False),
+                eviction_policy=getattr(server_args, "radix_eviction_policy", "lru"),
+                retraction_backup=getattr(server_args, "disaggregation_decode_retraction_backup", None),
+                model_config=self.model_config,
+            )
+        )
+        self.sampler = Sampler()
+
+        self.waiting_queue: List[Req] = []
+        self.running_reqs: List[Req] = []
+        self.chunked_req: Optional[Req] = None
+        conservativeness = getattr(server_args, "schedule_conservativeness", 1.0)
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.min_new_token_ratio = min(self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
+        self.forward_ct = 0
+        self.num_retracted_total = 0
+        self.num_recomputed_tokens = 0  # prompt tokens prefilled again after a retraction
+        self.stream_interval = getattr(server_args, "stream_interval", 1)
+        self.pending_outputs: List[BatchTokenIDOutput] = []
+        self.init_free_kv = self.allocator.available_size()
+
+    # --- requests in -------------------------------------------------------------------------
+    def add_request(self, recv: TokenizedGenerateReqInput) -> Req:
+        req = Req(
+            rid=recv.rid,
+            origin_input_text=recv.input_text,
+            origin_input_ids=recv.input_ids,
+            sampling_params=recv.sampling_params,
+            eos_token_ids=self.eos_token_ids,
+            return_logprob=recv.return_logprob,
+            logprob_start_len=recv.logprob_start_len,
+            top_logprobs_num=recv.top_logprobs_num,
+            stream=recv.stream,
+            extra_key=recv.extra_key,
+            priority=recv.priority,
+            vocab_size=self.model_config.vocab_size,
+        )
+        req.tokenizer = self.tokenizer
+        if len(req.origin_input_ids) == 0:
+            req.to_abort = FINISH_ABORT("The input is empty: at least one token is required.", 400, "BadRequestError")
+        elif len(req.origin_input_ids) > self.max_req_input_len:
+            req.to_abort = FINISH_ABORT(
+                f"Input length ({len(req.origin_input_ids)} tokens) exceeds the maximum allowed length "
+                f"({self.max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate.",
+                400,
+                "BadRequestError",
+            )
+        if req.to_abort is not None:
+            self._finish_unscheduled(req)
+        else:
+            self.waiting_queue.append(req)
+        return req
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        def hit(r):
+            return abort_all or r.rid == rid or (rid and r.rid.startswith(rid))
+
+        for req in [r for r in self.waiting_queue if hit(r)]:
+            self.waiting_queue.remove(req)
+            req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+            self._finish_unscheduled(req)
+        for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
+            if hit(req):
+                req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+
+    def _finish_unscheduled(self, req: Req) -> None:
+        req.finished_reason = req.to_abort
+        self.pending_outputs.append(collect_outputs([req], self.stream_interval))
+
+    # --- one iteration -----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue or self.running_reqs or self.chunked_req)
+
+    def step(self) -> List[BatchTokenIDOutput]:
+        """Runs one batch (prefill if anything can be admitted, else decode). Returns outputs to send."""
+        self._drop_aborted_running()
+        batch = self.get_new_prefill_batch()
+        if batch is not None:
+            self.run_extend(*batch)
+        elif self.running_reqs:
+            self.run_decode()
+        outs, self.pending_outputs = self.pending_outputs, []
+        return outs
+
+    def step_idle(self) -> List[BatchTokenIDOutput]:
+        """Nothing to run: only hand out outputs of requests finished without running (aborts)."""
+        outs, self.pending_outputs = self.pending_outputs, []
+        return outs
+
+    def _drop_aborted_running(self) -> None:
+        aborted = [r for r in self.running_reqs if r.to_abort is not None]
+        if self.chunked_req is not None and self.chunked_req.to_abort is not None:
+            aborted.append(self.chunked_req)
+            self.chunked_req = None
+        for req in aborted:
+            if req in self.running_reqs:
+                self.running_reqs.remove(req)
+            req.finished_reason = req.to_abort
+            self.release_kv(req)
+        if aborted:
+            self.pending_outputs.append(collect_outputs(aborted, self.stream_interval))
+
+    # --- prefill -------------------------------------------------------------------------------
+    def get_new_prefill_batch(self):
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        if len(self.running_reqs) >= self.max_running_requests and self.chunked_req is None:
+            return None
+        sa = self.server_args
+        adder = PrefillAdder(
+            page_size=self.page_size,
+            tree_cache=self.tree_cache,
+            allocator=self.allocator,
+            req_to_token_pool=self.req_to_token_pool,
+            running_reqs=self.running_reqs,
+            new_token_ratio=self.new_token_ratio,
+            max_prefill_tokens=sa.max_prefill_tokens,
+            chunked_prefill_size=sa.chunked_prefill_size,
+            max_running_requests=self.max_running_requests,
+        )
+        still_chunked = None
+        if self.chunked_req is not None:
+            still_chunked = adder.add_chunked_req(self.chunked_req)
+        if still_chunked is None:
+            order_waiting_queue(
+                self.waiting_queue,
+                sa.schedule_policy,
+                self.tree_cache,
+                getattr(sa, "enable_priority_scheduling", False),
+                getattr(sa, "schedule_low_priority_values_first", False),
+            )
+            for req in list(self.waiting_queue):
+                res = adder.add_one_req(req)
+                if res == "no_room":
+                    break
+                self.waiting_queue.remove(req)
+                if req.num_retractions:
+                    self.num_recomputed_tokens += req.extend_input_len
+                if res == "chunked":
+                    still_chunked = req
+                    break
+        if not adder.can_run:
+            return None
+        batch = ScheduleBatch(adder.can_run, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        forward_batch = batch.prepare_for_extend(return_full_logits=any(r.wants_input_logprobs() for r in batch.reqs))
+        if forward_batch is None:
+            self._undo_admission(batch.reqs)
+            return None
+        self.chunked_req = still_chunked
+        return batch, forward_batch
+
+    def _undo_admission(self, reqs: List[Req]) -> None:
+        for req in reversed(reqs):
+            if req is self.chunked_req:
+                continue
+            self.release_kv(req)
+            req.prefix_indices = torch.empty(0, dtype=torch.int64)
+            self.waiting_queue.insert(0, req)
+
+    def run_extend(self, batch: ScheduleBatch, forward_batch) -> None:
+        logits_output = self.model_runner.forward(forward_batch)
+        self.forward_ct += 1
+        # Requests whose prompt is fully prefilled now sample their first output token.
+        done = [i for i, r in enumerate(batch.reqs) if r is not self.chunked_req]
+        record_logprobs(batch.reqs, forward_batch, logits_output, self.sampler)
+        next_ids, samp = self._sample([batch.reqs[i] for i in done], logits_output.next_token_logits[done])
+        finished = []
+        for j, i in enumerate(done):
+            req = batch.reqs[i]
+            req.output_ids.append(int(next_ids[j]))
+            req.is_chunked = 0
+            if samp is not None:
+                samp(req, j)
+            req.check_finished()
+            if req.finished():
+                finished.append(req)
+                self.release_kv(req, insert=True)
+            else:
+                self.tree_cache.cache_unfinished_req(req)
+                self.running_reqs.append(req)
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+            self.tree_cache.cache_unfinished_req(self.chunked_req, chunked=True)
+        self.pending_outputs.append(collect_outputs([batch.reqs[i] for i in done], self.stream_interval))
+
+    # --- decode --------------------------------------------------------------------------------
+    def run_decode(self) -> None:
+        batch = ScheduleBatch(self.running_reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        if not batch.check_decode_mem():
+            self.retract(batch)
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+        self.running_reqs = batch.reqs
+        if not batch.reqs:
+            return
+        forward_batch = batch.prepare_for_decode()
+        assert forward_batch is not None, "decode memory was checked"
+        logits_output = self.model_runner.forward(forward_batch)
+        self.forward_ct += 1
+        next_ids, samp = self._sample(batch.reqs, logits_output.next_token_logits)
+        finished = []
+        for j, req in enumerate(batch.reqs):
+            req.output_ids.append(int(next_ids[j]))
+            if samp is not None:
+                samp(req, j)
+            req.check_finished()
+            if req.finished():
+                finished.append(req)
+                self.release_kv(req, insert=True)
+        self.running_reqs = [r for r in batch.reqs if not r.finished()]
+        self.pending_outputs.append(collect_outputs(batch.reqs, self.stream_interval))
+
+    def retract(self, batch: ScheduleBatch) -> None:
+        sa = self.server_args
+        before = len(batch.reqs)
+        retracted, aborted = batch.retract_decode(
+            self.release_req_for_retract,
+            getattr(sa, "retraction_policy", "length"),
+            getattr(sa, "schedule_low_priority_values_first", False),
+        )
+        old_ratio = self.new_token_ratio
+        self.new_token_ratio = self._ratio_after_retract(batch.reqs)
+        logger.info(
+            "KV cache pool is full. Retract requests. #retracted_reqs: %d, #new_tokens_gained: %d, "
+            "#new_token_ratio: %.4f -> %.4f",
+            len(retracted), sum(r.seqlen for r in retracted), old_ratio, self.new_token_ratio,
+        )
+        self.num_retracted_total += len(retracted)
+        for req in aborted:
+            req.finished_reason = req.to_abort
+        if aborted:
+            self.pending_outputs.append(collect_outputs(aborted, self.stream_interval))
+        # Retracted requests go back to the front: they arrived before anything still waiting.
+        self.waiting_queue[0:0] = retracted
+        assert len(batch.reqs) + len(retracted) + len(aborted) == before
+
+    def _ratio_after_retract(self, reqs: List[Req]) -> float:
+        total_decoded = sum(len(r.output_ids) for r in reqs)
+        total_max = sum(r.sampling_params.max_new_tokens for r in reqs)
+        ratio = (total_decoded + 0.05 * total_max) / max(total_max, 1)  # upstream's retract estimate
+        return min(1.0, ratio)
+
+    def release_req_for_retract(self, req: Req, backup: bool) -> bool:
+        """Non-PD retraction: free the KV (the prompt is recomputed later). Always keeps the request."""
+        self.release_kv(req)
+        req.reset_for_retract()
+        return True
+
+    # --- memory release -------------------------------------------------------------------------
+    def release_kv(self, req: Req, insert: bool = False) -> None:
+        """Gives back a request's KV: into the radix tree (`insert`, finished requests) or to the pool."""
+        if req.req_pool_idx is None:
+            if req.last_node is not None and req.lock_receipt is not None:
+                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
+            req.last_node, req.lock_receipt = None, None
+            return
+        if insert and req.kv_len == req.seqlen - 1:
+            self.tree_cache.cache_finished_req(req)
+        else:
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.allocator.free(row[req.cache_protected_len : req.kv_len].clone())
+            if req.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
+            self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        req.last_node, req.lock_receipt = None, None
+
+    # --- sampling ------------------------------------------------------------------------------
+    def _sample(self, reqs: List[Req], logits: torch.Tensor):
+        from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+        if not reqs:
+            return [], None
+        info = SamplingBatchInfo.from_reqs(reqs, self.model_config.vocab_size, self.device)
+        want = any(r.return_logprob for r in reqs)
+        out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs])
+        if not want:
+            return out.next_token_ids.tolist(), None
+
+        def attach(req: Req, j: int) -> None:
+            if not req.return_logprob:
+                return
+            req.output_token_logprobs.append((float(out.next_token_logprobs[j]), req.output_ids[-1]))
+            if req.top_logprobs_num and out.top_logprobs is not None:
+                values, ids = out.top_logprobs[j]
+                req.output_top_logprobs.append(list(zip(values, ids)))
+
+        return out.next_token_ids.tolist(), attach
+
+    # --- introspection -----------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        if self.has_work():
+            return False
+        self.tree_cache.reset()
+        return True
+
+    def ready_info(self) -> dict:
+        """What the tokenizer manager learns once the scheduler is up (server_info, limits)."""
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "max_req_input_len": self.max_req_input_len,
+            "context_len": self.model_config.context_len,
+            "vocab_size": self.model_config.vocab_size,
+            "model_path": self.model_config.model_path,
+            "architecture": self.model_config.architecture,
+            "page_size": self.page_size,
+        }
+
+    def internal_state(self) -> dict:
+        return {
+            "num_waiting_reqs": len(self.waiting_queue),
+            "num_running_reqs": len(self.running_reqs),
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "available_kv_tokens": self.allocator.available_size(),
+            "evictable_kv_tokens": self.tree_cache.evictable_size(),
+            "protected_kv_tokens": self.tree_cache.protected_size(),
+            "available_req_slots": self.req_to_token_pool.available_size(),
+            "num_retracted_reqs_total": self.num_retracted_total,
+            "num_recomputed_tokens": self.num_recomputed_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            "forward_ct": self.forward_ct,
+        }
+
+
+def _eos_token_ids(model_config) -> set:
+    eos = model_config.hf_config.get("eos_token_id")
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {eos}
