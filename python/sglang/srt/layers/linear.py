@@ -1,0 +1,85 @@
+"""Linear layers whose weights are filled by `load_weights` (no random init: loading a real
+checkpoint should not pay for initialising weights it overwrites).
+
+`MergedLinear` stacks several HF projections into one matmul (q/k/v -> qkv_proj, gate/up ->
+gate_up_proj); `weight_loader(param, tensor, shard_id)` copies one HF tensor into its slice.
+Single-device only: these are the tensor-parallel-free versions of upstream's layers.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ReplicatedLinear(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        _copy_checked(param.data, loaded)
+
+
+# Upstream names, kept so model code reads like upstream's.
+RowParallelLinear = ReplicatedLinear
+ColumnParallelLinear = ReplicatedLinear
+
+
+class MergedLinear(ReplicatedLinear):
+    """Several output blocks in one weight; block `i` has `output_sizes[i]` rows."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False,
+                 shard_names: Optional[Sequence[Union[str, int]]] = None):
+        super().__init__(input_size, sum(output_sizes), bias)
+        self.output_sizes = list(output_sizes)
+        names = list(shard_names) if shard_names is not None else list(range(len(output_sizes)))
+        self._offsets = {}
+        acc = 0
+        for name, size in zip(names, self.output_sizes):
+            self._offsets[name] = (acc, size)
+            acc += size
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if shard_id is None:
+            _copy_checked(param.data, loaded)
+            return
+        start, size = self._offsets[shard_id]
+        _copy_checked(param.data.narrow(0, start, size), loaded)
+
+
+class MergedColumnParallelLinear(MergedLinear):
+    """gate_up_proj: shards 0 (gate) and 1 (up)."""
+
+    def __init__(self, input_size: int, output_sizes: List[int], bias: bool = False):
+        super().__init__(input_size, output_sizes, bias)
+
+
+class QKVParallelLinear(MergedLinear):
+    """qkv_proj: shards "q", "k", "v"."""
+
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: int, bias: bool = False):
+        self.q_size = total_num_heads * head_size
+        self.kv_size = total_num_kv_heads * head_size
+        super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias,
+                         shard_names=["q", "k", "v"])
+
+
+def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"Weight shape mismatch: parameter {tuple(dst.shape)} vs checkpoint {tuple(src.shape)}")
+    dst.copy_(src.to(dtype=dst.dtype, device=dst.device))
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    _copy_checked(param.data, loaded)

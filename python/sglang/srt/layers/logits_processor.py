@@ -1,0 +1,61 @@
+"""Final hidden states -> logits.
+
+`next_token_logits` [B, V] are the logits after the last new token of each request (what the
+sampler needs). `full_logits` [num_tokens, V] are the logits of every new token, computed only
+when `forward_batch.return_full_logits` is set (prompt logprobs, parity tests); otherwise the
+LM head runs on B rows only. Logits are returned in fp32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LogitsProcessorOutput:
+    next_token_logits: torch.Tensor  # [B, V] fp32
+    full_logits: Optional[torch.Tensor] = None  # [num_tokens, V] fp32, when requested
+    # Final-norm hidden states of the last new token of each request [B, H].
+    hidden_states: Optional[torch.Tensor] = None
+
+
+def last_token_indices(forward_batch) -> torch.Tensor:
+    """Index (into the flat token dim) of each request's last new token."""
+    if forward_batch.forward_mode.is_decode():
+        return torch.arange(forward_batch.batch_size, device=forward_batch.input_ids.device)
+    lens = torch.tensor(forward_batch.extend_seq_lens_cpu, dtype=torch.int64, device=forward_batch.input_ids.device)
+    return torch.cumsum(lens, 0) - 1
+
+
+class LogitsProcessor(nn.Module):
+    def __init__(self, config=None, logit_scale: Optional[float] = None, final_logit_softcapping: Optional[float] = None):
+        super().__init__()
+        self.logit_scale = logit_scale
+        self.final_logit_softcapping = final_logit_softcapping
+        if config is not None and final_logit_softcapping is None:
+            self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+
+    def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        logits = F.linear(hidden, lm_head.weight, getattr(lm_head, "bias", None)).float()
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.final_logit_softcapping:
+            cap = self.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, lm_head, forward_batch) -> LogitsProcessorOutput:
+        idx = last_token_indices(forward_batch)
+        last_hidden = hidden_states.index_select(0, idx)
+        if getattr(forward_batch, "return_full_logits", False) and not forward_batch.forward_mode.is_decode():
+            full = self._compute(hidden_states, lm_head)
+            return LogitsProcessorOutput(next_token_logits=full.index_select(0, idx), full_logits=full,
+                                         hidden_states=last_hidden)
+        logits = self._compute(last_hidden, lm_head)
+        full = logits if getattr(forward_batch, "return_full_logits", False) else None
+        return LogitsProcessorOutput(next_token_logits=logits, full_logits=full, hidden_states=last_hidden)

@@ -1,0 +1,37 @@
+"""Token embedding and LM head (single device; upstream's names kept).
+
+The LM head is a separate parameter unless the config ties it to the embedding, in which case
+the model points `lm_head.weight` at `embed_tokens.weight` and the checkpoint may omit it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Holds the [vocab, hidden] output projection; `LogitsProcessor` applies it."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False):
+        super().__init__(num_embeddings, embedding_dim)
+        self.bias = nn.Parameter(torch.empty(num_embeddings), requires_grad=False) if bias else None
+
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
+        self.weight = embed_tokens.weight
+        return self
+
+    def forward(self, input_ids):  # pragma: no cover - use LogitsProcessor
+        raise RuntimeError("ParallelLMHead is applied by LogitsProcessor, not called directly")

@@ -1,0 +1,94 @@
+"""Builds a model from a folder: config -> class from the registry -> weights from safetensors.
+
+dtype ("--dtype"): "float32"/"float", "bfloat16", "float16"/"half" are used as given. "auto"
+takes the checkpoint's `torch_dtype`/`dtype` on accelerators (fp32 checkpoints run in bf16
+there, as upstream) but is always float32 on CPU: CPU matmuls in fp32 are the accurate
+reference path and what the parity tests use; pass --dtype bfloat16 to trade accuracy for speed.
+
+Parameters are created uninitialised (no random init of weights that are overwritten) and a
+checkpoint that leaves any parameter unfilled is rejected with the list of missing names.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.model_loader.weight_utils import list_safetensors_files, safetensors_weights_iterator
+from sglang.srt.models.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def _config_dtype(hf_config: Any) -> Optional[torch.dtype]:
+    for key in ("dtype", "torch_dtype"):
+        val = hf_config.get(key) if isinstance(hf_config, dict) else getattr(hf_config, key, None)
+        if isinstance(val, torch.dtype):
+            return val
+        if isinstance(val, str) and val in _DTYPES:
+            return _DTYPES[val]
+    return None
+
+
+def resolve_dtype(dtype: Any, hf_config: Any = None, device: str = "cpu") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    dtype = "auto" if dtype is None else str(dtype)
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if dtype != "auto":
+        raise ValueError(f"Unknown dtype: {dtype!r}; choose one of auto, {', '.join(_DTYPES)}")
+    if str(device).startswith("cpu"):
+        return torch.float32
+    cfg = _config_dtype(hf_config) if hf_config is not None else None
+    if cfg is None or cfg == torch.float32:
+        return torch.bfloat16
+    return cfg
+
+
+def load_hf_config(model_path: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+
+
+class _default_dtype:
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.old = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.old)
+
+
+def get_model(model_config, dtype: torch.dtype, device: str = "cpu", hf_config: Any = None,
+              show_progress: bool = True) -> nn.Module:
+    """Instantiates `model_config.architecture` and loads its safetensors weights."""
+    if hf_config is None:
+        hf_config = load_hf_config(model_config.model_path)
+    archs = getattr(hf_config, "architectures", None) or [model_config.architecture]
+    model_cls = ModelRegistry.resolve_model_cls(archs)
+    with _default_dtype(dtype), torch.device(device):
+        model = model_cls(hf_config, model_config)
+    files = list_safetensors_files(model_config.model_path)
+    loaded = model.load_weights(safetensors_weights_iterator(files, show_progress=show_progress))
+    if hasattr(model, "expected_weight_keys"):
+        missing = sorted(model.expected_weight_keys() - set(loaded))
+        if missing:
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            raise ValueError(f"Checkpoint at {model_config.model_path} is missing weights: {shown}")
+    return model.eval()

@@ -1,0 +1,43 @@
+"""Architecture name (HF `config.json` "architectures"[0]) -> model class.
+
+Model modules are imported lazily, on lookup, so importing the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, List, Type
+
+# architecture -> (module, class name)
+_MODELS: Dict[str, tuple] = {
+    "LlamaForCausalLM": ("sglang.srt.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM"),
+}
+
+
+class ModelRegistry:
+    @staticmethod
+    def get_supported_archs() -> List[str]:
+        return sorted(_MODELS)
+
+    @staticmethod
+    def register(arch: str, module: str, class_name: str) -> None:
+        _MODELS[arch] = (module, class_name)
+
+    @staticmethod
+    def resolve_model_cls(architectures) -> Type:
+        if isinstance(architectures, str):
+            architectures = [architectures]
+        for arch in architectures or []:
+            if arch in _MODELS:
+                module, cls = _MODELS[arch]
+                return getattr(importlib.import_module(module), cls)
+        raise ValueError(
+            f"Model architectures {list(architectures or [])} are not supported for now. "
+            f"Supported architectures: {ModelRegistry.get_supported_archs()}"
+        )
+
+
+def get_model_class(architectures) -> Type:
+    return ModelRegistry.resolve_model_cls(architectures)
