@@ -426,3 +426,46 @@ RESOLUTION_PIPELINE = (
 def run_resolution_pipeline(sa) -> None:
     for rule in RESOLUTION_PIPELINE:
         rule(sa)
+
+
+# --------------------------------------------------------------------------------------------
+# Decode retraction backup auto rule (reference 4.5), usable before the pool exists
+# --------------------------------------------------------------------------------------------
+
+
+def infer_decode_retraction_backup(sa, *, is_hybrid_ssm=None, is_pure_swa=None, is_hip=False):
+    """What `--disaggregation-decode-retraction-backup` resolves to when omitted.
+
+    Upstream decides at scheduler start from the built KV pool
+    (`kv_cache_builder.resolve_decode_retraction_backup`): `host_pool` iff a PD decode server, not
+    HIP, no DCP, no decode radix cache, no decode offload, no priority preemption, and a pool that
+    supports it (no SSM state, not pure sliding-window). Here the pool facts come from the
+    model's config (`is_hybrid_ssm`, `is_pure_swa`; None = unknown). Returns `(value, reason)`;
+    value None means "host_pool unless the model rules it out" (model not inspected). An explicit
+    flag is returned as is.
+    """
+    given = sa.disaggregation_decode_retraction_backup
+    if given is not None:
+        return given, "given"
+    if sa.disaggregation_mode != "decode":
+        return "cpu_tensor", "not a PD decode server"
+    blockers = []
+    if is_hip:
+        blockers.append("HIP/ROCm")
+    if sa.dcp_size > 1:
+        blockers.append("--dcp-size > 1")
+    if sa.disaggregation_decode_enable_radix_cache:
+        blockers.append("decode radix cache")
+    if sa.disaggregation_decode_enable_offload_kvcache:
+        blockers.append("decode KV offload")
+    if sa.enable_priority_scheduling and not sa.disable_priority_preemption:
+        blockers.append("priority scheduling with preemption")
+    if is_hybrid_ssm:
+        blockers.append("model has SSM (Mamba) state")
+    if is_pure_swa:
+        blockers.append("model is pure sliding-window")
+    if blockers:
+        return "cpu_tensor", "host pool ruled out by: " + ", ".join(blockers)
+    if is_hybrid_ssm is None or is_pure_swa is None:
+        return None, "host_pool unless the model has SSM state or is pure sliding-window (model not inspected)"
+    return "host_pool", "PD decode server whose KV pool supports a host backup"
