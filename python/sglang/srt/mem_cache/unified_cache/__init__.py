@@ -1,0 +1,1 @@
+"""Internals of `UnifiedRadixCache`: the tree core and its per-component data (FULL, SWA, MAMBA)."""

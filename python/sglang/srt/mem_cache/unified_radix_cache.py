@@ -1,0 +1,319 @@
+"""`UnifiedRadixCache`: the prefix (radix-tree) cache the scheduler talks to.
+
+The tree (`unified_cache/unified_tree_core.py`) decides; this class executes and holds the
+request lifecycle, so the scheduler never touches tree nodes except as opaque handles.
+
+Contract for the scheduler
+==========================
+
+Req attributes this cache reads/writes (the scheduler provides them):
+  req_pool_idx: int             row of `req_to_token_pool.req_to_token`
+  origin_input_ids, output_ids  token lists
+  fill_ids: list[int]           tokens whose KV is written once the current forward ran
+  extra_key: None | str         namespace: requests with different extra_keys never share KV
+  prefix_indices: Tensor        int64 FULL slots the request does not have to compute
+  last_node, lock_receipt       the node its cached prefix ends at and the lock taken on it
+                                (None / None when it holds no lock)
+  cache_protected_len: int      the row's first cache_protected_len slots belong to the tree
+                                (locked); the rest of the row belongs to the request
+  optional kv_committed_len     KV length to release; default
+                                len(origin_input_ids) + len(output_ids) - 1 (the last sampled
+                                token has no KV yet)
+
+1. Admission (same scheduling step, before allocating, since allocation may evict):
+     m = cache.match_prefix(MatchPrefixParams(key=RadixKey(ids, req.extra_key)))
+   with ids = origin_input_ids (+ output_ids for a retracted request) minus at least the
+   last token (a forward needs one token to produce logits), then
+     cache.assign_prefix(req, m)
+   which locks m.last_device_node and sets prefix_indices, last_node, lock_receipt and
+   cache_protected_len = len(prefix_indices). The scheduler writes prefix_indices into
+   req_to_token[req_pool_idx, :len] and allocates the rest (alloc_extend with
+   last_loc = prefix_indices[-1]).
+2. After each prefill chunk whose request continues (chunked prefill):
+     cache.cache_unfinished_req(req, chunked=True)
+   inserts the page-aligned part of fill_ids, frees the request's duplicate slots (another
+   request cached the same tokens meanwhile), rewrites the row with the tree's slots, moves the
+   lock to the new last node, and sets prefix_indices = all len(fill_ids) computed slots (tree
+   part + the request's unaligned tail, upstream RadixCache semantics), cache_protected_len =
+   the page-aligned length. The request keeps owning its tail page.
+3. Finish (or abort with is_insert=False):
+     cache.cache_finished_req(req, is_insert=True)
+   inserts the page-aligned committed KV, frees duplicates and the unaligned tail (or, when not
+   inserting or disabled, frees every slot the request owns), releases the lock, frees the row
+   (`req_to_token_pool.free(req_pool_idx)`), and sets last_node/lock_receipt to None.
+4. Memory pressure: `cache.evict(EvictParams(num_tokens=..., swa_num_tokens=...))` frees
+   unlocked cached KV through the allocators; `evictable_size()`, `protected_size()`.
+
+Hybrid SWA (allocator is a `SWATokenToKVPoolAllocator`): the scheduler may release the SWA
+slots of tokens that slid out of the window with `allocator.free_swa(...)`, only for slots the
+request owns (positions >= cache_protected_len) and whole pages. The tree notices missing SWA
+slots on insert (tombstones) and takes over a request's SWA slots to revive tombstones.
+
+A disabled cache (`--disable-radix-cache`) is this class with `disable=True`: match returns
+nothing, insert does nothing, a finished request frees all its KV.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+from sglang.srt.mem_cache.radix_key import RadixKey
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.srt.mem_cache.unified_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.types import (
+    EvictParams,
+    EvictResult,
+    InsertParams,
+    InsertResult,
+    LockReceipt,
+    MatchPrefixParams,
+    MatchResult,
+)
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+logger = logging.getLogger(__name__)
+
+FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
+
+
+def _build_components(params: CacheInitParams) -> list:
+    comps = [FullComponent(params.token_to_kv_pool_allocator)]
+    if params.disable:
+        return comps  # nothing is ever inserted; auxiliary components would be idle
+    for ct in params.tree_components:
+        if ct is FULL:
+            continue
+        if ct is SWA:
+            from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent
+
+            comps.append(SWAComponent(params.token_to_kv_pool_allocator, params.sliding_window_size, params.page_size))
+        elif ct is MAMBA:
+            from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+            comps.append(MambaComponent(params))
+        else:
+            raise NotImplementedError(f"UnifiedRadixCache: component {ct} is not supported")
+    return comps
+
+
+class UnifiedRadixCache:
+    def __init__(self, params: CacheInitParams):
+        self.params = params
+        self.disable = params.disable
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.sliding_window_size = params.sliding_window_size
+        self.tree_components: Tuple[ComponentType, ...] = tuple(params.tree_components)
+        assert self.tree_components[0] is FULL, "FULL is the base component"
+        if SWA in self.tree_components:
+            assert params.sliding_window_size, "an SWA component needs sliding_window_size"
+        self.core = UnifiedTreeCore(_build_components(params), params.page_size, params.eviction_policy)
+        # HiCache / retraction host stack, attached by `init_hicache` (see `registry.py`).
+        self.hicache_attached = False
+        self.retraction_backend: Any = None
+
+    # ---- basic API --------------------------------------------------------------------------
+    @property
+    def root_node(self):
+        return self.core.root
+
+    def reset(self) -> None:
+        """Drop every cached prefix; the caller clears the allocators (e.g. flush_cache)."""
+        self.core.reset()
+
+    def supports_mamba(self) -> bool:
+        return True  # the Mamba state lives in this class's MAMBA component
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        if self.disable or len(params.key) == 0:
+            root = self.core.root
+            return MatchResult(torch.empty(0, dtype=torch.int64), root, root, root)
+        values, node = self.core.match(params.key)
+        indices = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
+        return MatchResult(indices.to(torch.int64), node, node, node)
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        if self.disable:
+            return InsertResult(prefix_len=0, last_device_node=self.core.root)
+        return self.core.insert(params.key, params.value)
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        if self.disable:
+            return EvictResult()
+        return self.core.evict(params)
+
+    def inc_lock_ref(self, node) -> LockReceipt:
+        if self.disable or node is None:
+            return LockReceipt(node=self.core.root if node is None else node)
+        return self.core.inc_lock_ref(node)
+
+    def dec_lock_ref(self, node, receipt: Optional[LockReceipt] = None) -> None:
+        if self.disable or node is None:
+            return
+        self.core.dec_lock_ref(node, receipt)
+
+    def evictable_size(self) -> int:
+        return self.core.evictable[FULL]
+
+    def protected_size(self) -> int:
+        return self.core.protected[FULL]
+
+    def total_size(self) -> int:
+        return self.evictable_size() + self.protected_size()
+
+    def component_evictable_size(self, ct: ComponentType) -> int:
+        return self.core.evictable.get(ct, 0)
+
+    def component_protected_size(self, ct: ComponentType) -> int:
+        return self.core.protected.get(ct, 0)
+
+    def swa_evictable_size(self) -> int:
+        return self.component_evictable_size(SWA)
+
+    def swa_protected_size(self) -> int:
+        return self.component_protected_size(SWA)
+
+    def sanity_check(self) -> None:
+        self.core.sanity_check()
+
+    # ---- request lifecycle ------------------------------------------------------------------
+    def assign_prefix(self, req, match: MatchResult) -> None:
+        """Lock a fresh match for `req` and record it on the request (step 1 of the contract)."""
+        req.lock_receipt = self.inc_lock_ref(match.last_device_node)
+        req.last_node = match.last_device_node
+        req.prefix_indices = match.device_indices
+        req.cache_protected_len = int(match.device_indices.numel())
+
+    def _release_lock(self, req) -> None:
+        if getattr(req, "last_node", None) is not None:
+            self.dec_lock_ref(req.last_node, req.lock_receipt)
+        req.last_node = None
+        req.lock_receipt = None
+
+    @staticmethod
+    def _kv_committed_len(req) -> int:
+        n = getattr(req, "kv_committed_len", None)
+        if n is not None:
+            return int(n)
+        return len(req.origin_input_ids) + len(req.output_ids) - 1
+
+    def cache_finished_req(self, req, is_insert: bool = True) -> None:
+        free = self.token_to_kv_pool_allocator.free
+        n = max(self._kv_committed_len(req), 0)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
+        protected = int(req.cache_protected_len or 0)
+        if self.disable or not is_insert:
+            free(row[protected:])
+        else:
+            aligned = n // self.page_size * self.page_size
+            token_ids = (list(req.origin_input_ids) + list(req.output_ids))[:aligned]
+            res = self.insert(InsertParams(RadixKey(token_ids, req.extra_key), row[:aligned]))
+            assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"
+            free(row[protected : res.prefix_len])  # duplicates: the tree already has those tokens
+            free(row[aligned:])  # the unaligned tail page is not cached
+        self._release_lock(req)
+        self.req_to_token_pool.free(req.req_pool_idx)
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        n = len(req.fill_ids)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
+        if self.disable:
+            req.prefix_indices = row
+            return
+        protected = int(req.cache_protected_len or 0)
+        aligned = n // self.page_size * self.page_size
+        res = self.insert(InsertParams(RadixKey(list(req.fill_ids[:aligned]), req.extra_key), row[:aligned]))
+        assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"
+        self.token_to_kv_pool_allocator.free(row[protected : res.prefix_len])
+        new_node = res.last_device_node
+        tree_indices = self.core.path_values(new_node)
+        assert len(tree_indices) == aligned, (len(tree_indices), aligned)
+        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_indices[protected:])
+        receipt = self.inc_lock_ref(new_node)  # lock the new node before releasing the old one
+        self._release_lock(req)
+        req.last_node, req.lock_receipt = new_node, receipt
+        req.prefix_indices = torch.cat([tree_indices, row[aligned:]])
+        req.cache_protected_len = aligned
+
+    # ---- HiCache / decode retraction backup seam (reference 4.4) ---------------------------
+    def init_hicache(self, attach: Callable[["UnifiedRadixCache"], Any]) -> None:
+        """Attach a host stack. `attach(cache)` returns the retraction backend object, which
+        implements `backup(cache, req, device_indices, swa_indices) -> backup | None`,
+        `restore(cache, req, backup, device_indices, swa_indices)`, `discard(cache, backup)`."""
+        self.retraction_backend = attach(self)
+        self.hicache_attached = True
+
+    def supports_retraction_backup(self) -> bool:
+        if self.retraction_backend is None or MAMBA in self.tree_components:
+            return False
+        is_swa_pool = isinstance(getattr(self.token_to_kv_pool_allocator, "kvcache", None), SWAKVPool)
+        return (SWA in self.tree_components) == is_swa_pool
+
+    def validate_retraction_host_capacity(self) -> None:
+        if not self.supports_retraction_backup():
+            raise ValueError("--disaggregation-decode-retraction-backup=host_pool requires an MHA or hybrid-SWA HiCache host stack.")
+        check = getattr(self.retraction_backend, "validate_capacity", None)
+        if check is not None:
+            check(self)
+
+    def retraction_device_indices(self, req) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """FULL slots of the request's committed KV padded to whole pages, and for SWA pools
+        the SWA slots of the window `[floor((n - window) / page) * page, n)`."""
+        n = len(req.origin_input_ids) + len(req.output_ids) - 1
+        full = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
+        full = _pad_retraction_indices(full, self.page_size)
+        swa = None
+        if SWA in self.tree_components:
+            start = max(0, (n - self.sliding_window_size) // self.page_size * self.page_size)
+            swa = self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(full[start:n])
+            assert bool((swa > 0).all()), "SWA window of a retracted request has no SWA slots"
+        return full, swa
+
+    def backup_kv_cache(self, req):
+        """Copy a retracted request's KV to the host; None when the host pool has no room."""
+        full, swa = self.retraction_device_indices(req)
+        return self.retraction_backend.backup(self, req, full, swa)
+
+    def restore_kv_cache(self, req, backup) -> None:
+        full, swa = self.retraction_device_indices(req)
+        self.retraction_backend.restore(self, req, backup, full, swa)
+
+    def discard_kv_cache_backup(self, backup) -> None:
+        self.retraction_backend.discard(self, backup)
+
+    # ---- debugging --------------------------------------------------------------------------
+    def pretty_print(self) -> str:
+        lines: List[str] = []
+
+        def visit(node, depth):
+            for child in sorted(node.children.values(), key=lambda c: c.id):
+                toks = child.key.token_ids[:6]
+                more = "..." if len(child.key) > 6 else ""
+                ns = f" ns={child.key.extra_key!r}" if child.key.extra_key is not None else ""
+                comps = " ".join(
+                    f"{ct}:{'tomb' if d.value is None else len(d.value)}/L{d.lock_ref}" for ct, d in child.component_data.items()
+                )
+                lines.append(f"{'  ' * depth}#{child.id} {toks}{more} len={len(child)}{ns} {comps} t={child.last_access_time}")
+                visit(child, depth + 1)
+
+        visit(self.core.root, 0)
+        lines.append(f"#tokens: {self.total_size()} evictable: {self.evictable_size()} protected: {self.protected_size()}")
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+
+def _pad_retraction_indices(indices: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Round a request's KV slots up to whole pages by appending the slots that follow the last
+    one (the rest of its own last page)."""
+    rem = len(indices) % page_size
+    if page_size == 1 or rem == 0 or len(indices) == 0:
+        return indices
+    extra = indices[-1] + torch.arange(1, page_size - rem + 1, dtype=indices.dtype, device=indices.device)
+    return torch.cat([indices, extra])
