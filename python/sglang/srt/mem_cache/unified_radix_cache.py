@@ -15,7 +15,9 @@ Req attributes this cache reads/writes (the scheduler provides them):
   last_node, lock_receipt       the node its cached prefix ends at and the lock taken on it
                                 (None / None when it holds no lock)
   cache_protected_len: int      the row's first cache_protected_len slots belong to the tree
-                                (locked); the rest of the row belongs to the request
+                                (locked); the rest of the row belongs to the request. The cache
+                                re-derives it from last_node (the locked prefix's token depth)
+                                and writes it back, so it cannot go stale inside the cache.
   optional kv_committed_len     KV length to release; default
                                 len(origin_input_ids) + len(output_ids) - 1 (the last sampled
                                 token has no KV yet)
@@ -196,6 +198,23 @@ class UnifiedRadixCache:
         req.last_node = None
         req.lock_receipt = None
 
+    def _tree_owned_len(self, req) -> int:
+        """How many leading slots of the request's row the tree owns: the token depth of the
+        locked `last_node` (invariant under splits, since a split keeps the node's end). It is
+        what `cache_protected_len` must say; computed here so a stale field cannot make the cache
+        free slots the tree owns."""
+        node, depth = getattr(req, "last_node", None), 0
+        if node is None or self.disable:
+            return 0
+        while not node.is_root:
+            depth += len(node)
+            node = node.parent
+        claimed = getattr(req, "cache_protected_len", None)
+        if claimed and claimed != depth:
+            logger.warning("req.cache_protected_len=%s but its locked prefix has %s tokens; using %s", claimed, depth, depth)
+        req.cache_protected_len = depth
+        return depth
+
     @staticmethod
     def _kv_committed_len(req) -> int:
         n = getattr(req, "kv_committed_len", None)
@@ -207,7 +226,7 @@ class UnifiedRadixCache:
         free = self.token_to_kv_pool_allocator.free
         n = max(self._kv_committed_len(req), 0)
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
-        protected = int(req.cache_protected_len or 0)
+        protected = self._tree_owned_len(req)
         if self.disable or not is_insert:
             free(row[protected:])
         else:
@@ -226,7 +245,7 @@ class UnifiedRadixCache:
         if self.disable:
             req.prefix_indices = row
             return
-        protected = int(req.cache_protected_len or 0)
+        protected = self._tree_owned_len(req)
         aligned = n // self.page_size * self.page_size
         res = self.insert(InsertParams(RadixKey(list(req.fill_ids[:aligned]), req.extra_key), row[:aligned]))
         assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"

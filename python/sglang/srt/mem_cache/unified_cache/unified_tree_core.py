@@ -30,7 +30,11 @@ from sglang.srt.mem_cache.unified_cache.types import EvictParams, EvictResult, I
 FULL = ComponentType.FULL
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
-EVICTION_POLICIES = ("lru", "lfu")
+# lru: least recently used; lfu: least hit, then LRU; slru: nodes hit fewer than twice first,
+# then LRU; priority: per-request priorities are not tracked in the tree, so every node has
+# priority 0 and the order is LRU.
+EVICTION_POLICIES = ("lru", "lfu", "slru", "priority")
+SLRU_PROTECTED_THRESHOLD = 2
 
 
 class UnifiedTreeCore:
@@ -209,6 +213,8 @@ class UnifiedTreeCore:
     def _priority_key(self, node: UnifiedTreeNode):
         if self.eviction_policy == "lfu":
             return (node.hit_count, node.last_access_time, node.id)
+        if self.eviction_policy == "slru":
+            return (node.hit_count >= SLRU_PROTECTED_THRESHOLD, node.last_access_time, node.id)
         return (node.last_access_time, node.id)
 
     def _unlocked(self, node: UnifiedTreeNode) -> bool:
