@@ -8,6 +8,8 @@ import torch
 from sglang.srt.layers.sampler import (
     Sampler,
     compute_prompt_logprobs,
+    inverse_cdf_sample,
+    sample_from_logprobs,
     seeded_uniforms,
     top_k_top_p_min_p_filter,
 )
@@ -173,17 +175,52 @@ def test_seed_is_reproducible_and_independent_of_batch():
 
 
 def test_seeded_uniforms_look_uniform_and_distinct():
-    ids = torch.arange(4096).expand(3, -1)
-    u = seeded_uniforms(torch.tensor([1, 1, 2]), torch.tensor([0, 0, 0]), torch.tensor([0, 1, 0]), ids)
-    assert ((u > 0) & (u < 1)).all()
-    for row in u:
-        assert abs(row.mean().item() - 0.5) < 0.02
-        hist = torch.histc(row.float(), bins=8, min=0, max=1) / row.numel()
-        assert (hist - 0.125).abs().max() < 0.03
-    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    n = 20000
+    pos = torch.arange(n)
+    for lo, hi in [(1, 0), (2, 0), (1, 1)]:
+        u = seeded_uniforms(torch.full((n,), lo), torch.full((n,), hi), pos)
+        assert ((u > 0) & (u < 1)).all() and u.dtype == torch.float64
+        assert abs(u.mean().item() - 0.5) < 0.01
+        hist = torch.histc(u.float(), bins=10, min=0, max=1) / n
+        assert (hist - 0.1).abs().max() < 0.01
+        assert u.unique().numel() == n
+    a = seeded_uniforms(torch.tensor([1]), torch.tensor([0]), torch.tensor([5]))
+    b = seeded_uniforms(torch.tensor([1]), torch.tensor([1]), torch.tensor([5]))
+    assert a.item() != b.item()
     # Big and negative seeds are accepted (split into 32-bit halves by from_reqs).
     info = SamplingBatchInfo.from_reqs(_reqs(1, sampling_seed=-(1 << 40) - 5, temperature=1.0), V)
     Sampler()(torch.randn(1, V), info)
+
+
+def test_inverse_cdf_sample_skips_zero_mass():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(4, 1)
+    u = torch.tensor([1e-12, 0.49, 0.51, 1 - 1e-12], dtype=torch.float64)
+    assert inverse_cdf_sample(probs, u).tolist() == [1, 1, 3, 3]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_candidate_shortcut_agrees_with_full_sort(seeded):
+    """Rows filtered among the top `max_candidates` and rows needing a full sort both obey the
+    reference kept sets; seeded rows draw the same token through either path."""
+    torch.manual_seed(11)
+    base = torch.randn(V) * 2
+    kws = [dict(top_k=3), dict(top_k=20), dict(top_p=0.3), dict(top_p=0.99), dict(min_p=0.5),
+           dict(min_p=0.01), dict(top_k=30, top_p=0.9, min_p=0.05)]
+    probs = torch.softmax(base.double(), -1).tolist()
+    for kw in kws:
+        reqs = _reqs(300, temperature=1.0, **kw)
+        for i, r in enumerate(reqs):
+            r.output_ids = [0] * i
+            if seeded:
+                r.sampling_params.sampling_seed = 5
+        info = SamplingBatchInfo.from_reqs(reqs, V)
+        logprobs = torch.log_softmax(base.repeat(300, 1), -1)
+        short = sample_from_logprobs(logprobs, info, max_candidates=8)
+        full = sample_from_logprobs(logprobs, info, max_candidates=V)
+        allowed = _reference_keep(probs, kw.get("top_k", V), kw.get("top_p", 1.0), kw.get("min_p", 0.0))
+        assert set(short.tolist()) <= allowed and set(full.tolist()) <= allowed, kw
+        if seeded:
+            assert torch.equal(short, full), kw
 
 
 def test_logprobs_greedy_match_log_softmax():

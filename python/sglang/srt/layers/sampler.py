@@ -6,9 +6,10 @@ Order of operations, as upstream's pytorch sampling backend:
 3. otherwise: divide by temperature, softmax, drop tokens outside top-k, then outside top-p
    (cumulative mass of the *unfiltered* sorted probabilities, as upstream), then below
    `min_p * max_prob`, and sample. Greedy rows (top_k == 1) of a mixed batch take the argmax
-   directly. Rows with a `sampling_seed` sample by Gumbel-max with noise hashed from
-   (seed, position, token id), so their tokens do not depend on the rest of the batch or on the
-   global RNG; the other rows use `torch.multinomial` (global torch RNG).
+   directly. Rows with a `sampling_seed` sample by inverse CDF with a uniform hashed from
+   (seed, position), so their tokens do not depend on the rest of the batch or on the global
+   RNG; the other rows draw their uniform from the global torch RNG. Filtering avoids a full
+   vocabulary sort when a row's filters provably keep only its top `MAX_CANDIDATES` tokens.
 
 Logprobs (upstream default, i.e. without SGLANG_RETURN_ORIGINAL_LOGPROB): log-softmax of the
 logits after penalties and temperature scaling, before top-k/top-p/min-p filtering; clamped to
@@ -27,6 +28,8 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 _MASK32 = 0xFFFFFFFF
 _LOGPROB_MIN = torch.finfo(torch.float32).min
+# Filtered rows first look at this many most likely tokens (see sample_from_logprobs).
+MAX_CANDIDATES = 1024
 
 TopLogprobs = Tuple[List[float], List[int]]  # (values, token ids) of one position
 
@@ -62,7 +65,7 @@ class Sampler(nn.Module):
             logprobs = torch.log_softmax(logits / sampling_info.temperatures, dim=-1)
             next_ids = sample_from_logprobs(logprobs, sampling_info)
             greedy = sampling_info.greedy_mask
-            if bool(greedy.any()):
+            if bool(greedy.any()):  # exact argmax, as in an all-greedy batch
                 next_ids = torch.where(greedy, torch.argmax(logits, dim=-1), next_ids)
 
         out = SamplerOutput(next_token_ids=next_ids.to(torch.int64))
@@ -76,33 +79,91 @@ class Sampler(nn.Module):
         return out
 
 
-def sample_from_logprobs(logprobs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """[B] sampled ids from temperature-scaled logprobs, after top-k/top-p/min-p filtering."""
-    probs = logprobs.exp()
-    if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
-        probs, ids = top_k_top_p_min_p_filter(
-            probs, info.top_ks, info.top_ps, info.min_ps, info.need_min_p_sampling
-        )
-    else:
-        ids = None
+def sample_from_logprobs(
+    logprobs: torch.Tensor, info: SamplingBatchInfo, max_candidates: int = MAX_CANDIDATES
+) -> torch.Tensor:
+    """[B] ids sampled from temperature-scaled logprobs after top-k/top-p/min-p filtering.
 
-    picked = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
-    seeded = info.has_seed
-    any_seeded = bool(seeded.any())
-    unseeded_rows = (~seeded).nonzero().view(-1) if any_seeded else None
-    if unseeded_rows is None:
-        picked = torch.multinomial(probs, num_samples=1).view(-1)
-    elif unseeded_rows.numel():
-        picked[unseeded_rows] = torch.multinomial(probs[unseeded_rows], num_samples=1).view(-1)
-    if any_seeded:
-        rows = seeded.nonzero().view(-1)
-        token_ids = ids[rows] if ids is not None else None
-        picked[rows] = seeded_gumbel_argmax(
-            probs[rows], token_ids, info.seed_lo[rows], info.seed_hi[rows], info.positions[rows]
-        )
-    if ids is not None:
-        picked = ids.gather(1, picked.view(-1, 1)).view(-1)
+    Greedy rows (top_k == 1) are left at 0: the caller takes their argmax from the logits.
+    Rows without any filter sample from the full distribution. Filtered rows first look at the
+    `max_candidates` most likely tokens (a cheap `topk`); a row whose filters provably drop
+    every token beyond them (its top_k fits, or their mass already exceeds top_p, or the last
+    candidate is below min_p * max_prob) is filtered there, the rest get a full sort. Each
+    row's path depends only on that row, so seeded rows stay batch-independent.
+    """
+    probs = logprobs.exp()
+    batch, vocab = probs.shape
+    picked = torch.zeros(batch, dtype=torch.int64, device=probs.device)
+    active = ~info.greedy_mask
+    needs_filter = (info.top_ks < vocab) | (info.top_ps < 1.0) | (info.min_ps > 0)
+
+    rows = (active & ~needs_filter).nonzero().view(-1)
+    if rows.numel():
+        picked[rows] = _draw(probs[rows], info, rows)
+
+    rows = (active & needs_filter).nonzero().view(-1)
+    if not rows.numel():
+        return picked
+    row_probs = probs[rows]
+    fits = torch.zeros(rows.numel(), dtype=torch.bool, device=probs.device)
+    k0 = min(vocab, max_candidates)
+    if k0 < vocab:
+        cand, cand_ids = row_probs.topk(k0, dim=-1)
+        fits = ((info.top_ks[rows] <= k0)
+                | (cand.sum(-1) > info.top_ps[rows])
+                | (cand[:, -1] < info.min_ps[rows] * cand[:, 0]))
+        if bool(fits.any()):
+            sub = rows[fits]
+            sorted_p, ids = cand[fits], cand_ids[fits]
+            _filter_sorted_(sorted_p, info.top_ks[sub], info.top_ps[sub], info.min_ps[sub])
+            picked[sub] = ids.gather(1, _draw(sorted_p, info, sub).view(-1, 1)).view(-1)
+    if not bool(fits.all()):
+        sub = rows[~fits]
+        sorted_p, ids = top_k_top_p_min_p_filter(
+            row_probs[~fits], info.top_ks[sub], info.top_ps[sub], info.min_ps[sub])
+        picked[sub] = ids.gather(1, _draw(sorted_p, info, sub).view(-1, 1)).view(-1)
     return picked
+
+
+def _draw(probs: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
+    """Column index drawn from each row of (unnormalized) `probs`; `rows` are batch rows.
+
+    One uniform per row: from the global torch RNG, or hashed from (seed, position) for rows
+    with a sampling_seed. Inverse-CDF sampling costs one cumsum (cheaper than multinomial).
+    """
+    u = torch.rand(rows.numel(), dtype=torch.float64, device=probs.device)
+    seeded = info.has_seed[rows]
+    if bool(seeded.any()):
+        r = rows[seeded]
+        u[seeded] = seeded_uniforms(info.seed_lo[r], info.seed_hi[r], info.positions[r])
+    return inverse_cdf_sample(probs, u)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column whose cumulative-mass interval holds u * total mass (u in [0, 1), one per row).
+
+    Zero-probability columns have empty intervals and are never picked.
+    """
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    target = (u.to(torch.float64) * cdf[:, -1]).view(-1, 1)
+    idx = torch.searchsorted(cdf, target, right=True).view(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def _filter_sorted_(
+    probs_sort: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: Optional[torch.Tensor],
+) -> None:
+    """In place on descending-sorted probabilities: zero what top-k, top-p, min-p drop."""
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    ranks = torch.arange(probs_sort.shape[-1], device=probs_sort.device).view(1, -1)
+    probs_sort[ranks >= top_ks.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
+    if min_ps is not None:
+        thresholds = probs_sort[:, 0] * min_ps
+        probs_sort[probs_sort < thresholds.view(-1, 1)] = 0.0
 
 
 def top_k_top_p_min_p_filter(
@@ -117,16 +178,10 @@ def top_k_top_p_min_p_filter(
     Upstream's torch fallback: top-k by rank, top-p on the cumulative mass of the sorted
     unfiltered probabilities (a token is dropped when the mass before it already exceeds
     top_p), then min-p relative to the most likely token. The stable sort keeps ties in id
-    order, so a top-k=1 / tiny-top-p row picks exactly `argmax`'s token.
+    order, so a top-k=1 / tiny-top-p row keeps exactly `argmax`'s token.
     """
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
-    probs_sort[ranks >= top_ks.view(-1, 1)] = 0.0
-    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
-    if need_min_p:
-        thresholds = probs_sort[:, 0] * min_ps
-        probs_sort[probs_sort < thresholds.view(-1, 1)] = 0.0
+    _filter_sorted_(probs_sort, top_ks, top_ps, min_ps if need_min_p else None)
     return probs_sort, probs_idx
 
 
@@ -147,36 +202,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def seeded_uniforms(
-    seed_lo: torch.Tensor,
-    seed_hi: torch.Tensor,
-    positions: torch.Tensor,
-    token_ids: torch.Tensor,
+    seed_lo: torch.Tensor, seed_hi: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """[R, V] float64 uniforms in (0, 1) that depend only on (seed, position, token id)."""
+    """[R] float64 uniforms in (0, 1) that depend only on (seed, position) of each row."""
     key = _mix32(seed_lo ^ _mix32(seed_hi ^ 0x9E3779B9))
-    key = _mix32(key ^ _mix32((positions & _MASK32) ^ 0x85EBCA6B))
-    bits = _mix32(key.view(-1, 1) ^ _mix32(token_ids ^ 0xC2B2AE35))
-    return (bits.to(torch.float64) + 0.5) / 4294967296.0
-
-
-def seeded_gumbel_argmax(
-    probs: torch.Tensor,
-    token_ids: Optional[torch.Tensor],
-    seed_lo: torch.Tensor,
-    seed_hi: torch.Tensor,
-    positions: torch.Tensor,
-) -> torch.Tensor:
-    """Column index sampled from each row of (unnormalized) probs with hashed Gumbel noise.
-
-    `token_ids[r, c]` is the vocabulary id of column c (sorted layouts); None = identity.
-    argmax(log p + Gumbel) is an exact sample of p / sum(p).
-    """
-    if token_ids is None:
-        token_ids = torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape[0], -1)
-    u = seeded_uniforms(seed_lo, seed_hi, positions, token_ids)
-    gumbel = -torch.log(-torch.log(u))
-    scores = torch.log(probs.to(torch.float64)) + gumbel
-    return torch.argmax(scores, dim=-1)
+    bits = _mix32(key ^ _mix32((positions & _MASK32) ^ 0x85EBCA6B))
+    # 53 random bits: a second hash supplies the low 21.
+    low = _mix32(bits ^ 0xC2B2AE35) >> 11
+    return ((bits << 21 | low).to(torch.float64) + 0.5) / float(1 << 53)
 
 
 def get_top_logprobs(logprobs: torch.Tensor, top_logprobs_nums: Sequence[int]) -> List[TopLogprobs]:
