@@ -332,3 +332,9 @@ def test_min_new_tokens_matches_hf_generate(repetition_penalty, min_new_tokens):
         assert _our_greedy(model, prompt, eos, **kw) == hf
         assert eos not in hf[:min_new_tokens]
         assert _hf_greedy(model, prompt, eos) == [eos]  # without the ban it stops at once
+
+
+def test_empty_batch():
+    info = SamplingBatchInfo.from_reqs([], V)
+    out = Sampler()(torch.zeros(0, V), info, return_logprob=True, top_logprobs_nums=[])
+    assert out.next_token_ids.shape == (0,) and out.top_logprobs == []
