@@ -78,7 +78,7 @@ def _model_checks(sa: ServerArgs, model_config, backup: Optional[str]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        sa = prepare_server_args(argv)
+        sa = prepare_server_args(argv, prog="python -m sglang.check_server_args")
         model_config, note = _load_model_config(sa.model_path)
         backup, reason = infer_decode_retraction_backup(
             sa,

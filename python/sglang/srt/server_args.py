@@ -234,13 +234,13 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ServerArgs)}
 _FIELD_NAMES = frozenset(_FIELDS)
 
 
-def prepare_server_args(argv: Optional[Sequence[str]] = None) -> ServerArgs:
+def prepare_server_args(argv: Optional[Sequence[str]] = None, prog: str = "sglang serve") -> ServerArgs:
     """Parse `argv` like `sglang serve` does (with `--config` merged) and build the ServerArgs.
 
     Unlike upstream 0.5.23 (which returns an unresolved record and resolves at launch), the
     record is resolved and validated here: construction is resolution in this fork.
     """
-    parser = argparse.ArgumentParser(prog="sglang serve")
+    parser = argparse.ArgumentParser(prog=prog)
     ServerArgs.add_cli_args(parser)
     args = parse_with_config(parser, argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(message)s")
