@@ -49,7 +49,11 @@ def run_to_completion(sched):
 
 
 def assert_no_leak(sched):
-    sched.tree_cache.reset()
+    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+    assert sched.tree_cache.protected_size() == 0  # no request holds a lock any more
+    sched.tree_cache.evict(EvictParams(num_tokens=sched.init_free_kv))
+    assert sched.tree_cache.evictable_size() == 0
     assert sched.allocator.available_size() == sched.init_free_kv
     assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
 

@@ -95,6 +95,7 @@ class Req:
         self.req_pool_idx: Optional[int] = None
         self.fill_ids: List[int] = []  # tokens whose KV is written once the current forward ends
         self.prefix_indices: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self.prefix_match = None  # radix match found at admission, before it is locked
         self.last_node = None
         self.lock_receipt = None
         self.cache_protected_len = 0
@@ -118,6 +119,11 @@ class Req:
 
         # Incremental stop-string check state.
         self.tokenizer = None
+
+    @property
+    def kv_committed_len(self) -> int:
+        """KV length the radix cache releases for this request (what is in the pool now)."""
+        return self.kv_len
 
     # --- state ---------------------------------------------------------------------------
     def finished(self) -> bool:

@@ -17,15 +17,14 @@ CLIP_MAX_NEW_TOKENS = 4096  # upstream's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION d
 
 
 def match_prefix(req: Req, tree_cache) -> None:
-    """Sets req.prefix_indices/last_node from the radix tree (no lock taken here)."""
+    """Sets req.prefix_match/prefix_indices from the radix tree (no lock taken here)."""
     from sglang.srt.mem_cache.radix_key import RadixKey
     from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
 
     req.fill_ids = req.all_ids()
     key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
-    res = tree_cache.match_prefix(MatchPrefixParams(key=key))
-    req.prefix_indices = res.device_indices
-    req.last_node = res.last_device_node
+    req.prefix_match = tree_cache.match_prefix(MatchPrefixParams(key=key))
+    req.prefix_indices = req.prefix_match.device_indices
 
 
 def order_waiting_queue(queue: List[Req], policy: str, tree_cache, priority_scheduling: bool = False,
@@ -119,7 +118,8 @@ class PrefillAdder:
         req.extend_input_len = extend_len
         req.cached_tokens = max(req.cached_tokens, prefix_len) if req.num_retractions == 0 else req.cached_tokens
         # Lock the matched prefix now so that allocating this batch cannot evict it.
-        req.lock_receipt = self.tree_cache.inc_lock_ref(req.last_node)
+        self.tree_cache.assign_prefix(req, req.prefix_match)
+        req.prefix_match = None
         self._account(req, extend_len)
         self.can_run.append(req)
         if chunked:

@@ -327,21 +327,13 @@ class Scheduler:
     # --- memory release -------------------------------------------------------------------------
     def release_kv(self, req: Req, insert: bool = False) -> None:
         """Gives back a request's KV: into the radix tree (`insert`, finished requests) or to the pool."""
-        if req.req_pool_idx is None:
-            if req.last_node is not None and req.lock_receipt is not None:
+        if req.req_pool_idx is None:  # admitted (prefix locked) but never allocated
+            if req.last_node is not None:
                 self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
             req.last_node, req.lock_receipt = None, None
             return
-        if insert and req.kv_len == req.seqlen - 1:
-            self.tree_cache.cache_finished_req(req)
-        else:
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-            self.allocator.free(row[req.cache_protected_len : req.kv_len].clone())
-            if req.last_node is not None:
-                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
-            self.req_to_token_pool.free(req.req_pool_idx)
+        self.tree_cache.cache_finished_req(req, is_insert=insert)
         req.req_pool_idx = None
-        req.last_node, req.lock_receipt = None, None
 
     # --- sampling ------------------------------------------------------------------------------
     def _sample(self, reqs: List[Req], logits: torch.Tensor):
@@ -370,6 +362,8 @@ class Scheduler:
         if self.has_work():
             return False
         self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
         return True
 
     def ready_info(self) -> dict:
