@@ -1,0 +1,102 @@
+"""Turn one request chunk into (src, dst, len) transfer blocks (reference 5.8).
+
+Pulled out of conn.py so the address arithmetic can be read (and tested) on its own:
+* KV: (prefill page, decode page) pairs are split into runs contiguous on both sides; each run is
+  one block per layer buffer (every layer's K buffers, then V buffers), `len = item_len * run`.
+* Metadata row (last chunk only): row `aux_index` of every aux buffer -> row `dst_aux_index`.
+* State (last chunk only): Mamba: one slot per request, one block per state tensor; other state
+  types (SWA, ...): page runs like KV with that tensor's item_len.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import numpy as np
+
+from sglang.srt.disaggregation.utils import StateType
+
+
+def contiguous_runs(src: np.ndarray, dst: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (src_starts, dst_starts, run_lengths) of the runs `group_concurrent_contiguous` would produce."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if src.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], brk))
+    ends = np.concatenate((brk, [src.size]))
+    return src[starts], dst[starts], ends - starts
+
+
+def _page_blocks(src_ptrs, dst_ptrs, item_lens, dst_item_lens, src_pages, dst_pages, what: str):
+    if len(src_ptrs) != len(dst_ptrs):
+        raise RuntimeError(f"Prefill/Decode {what} buffer count mismatch (src={len(src_ptrs)}, dst={len(dst_ptrs)})")
+    s0, d0, n = contiguous_runs(src_pages, dst_pages)
+    srcs: List[int] = []
+    dsts: List[int] = []
+    lens: List[int] = []
+    for i, (sp, dp, il) in enumerate(zip(src_ptrs, dst_ptrs, item_lens)):
+        if dst_item_lens and dst_item_lens[i] != il:
+            raise RuntimeError(f"Prefill/Decode {what} item length mismatch for buffer {i} (src={il}, dst={dst_item_lens[i]})")
+        srcs.extend((sp + s0 * il).tolist())
+        dsts.extend((dp + d0 * il).tolist())
+        lens.extend((n * il).tolist())
+    return srcs, dsts, lens
+
+
+def build_chunk_blocks(kv_args, reg, info, chunk) -> Tuple[List[int], List[int], List[int]]:
+    src_pages = np.asarray(chunk.prefill_kv_indices, dtype=np.int64)
+    dst_pages = np.asarray(info.dst_kv_indices, dtype=np.int64)[chunk.index_slice]
+    if len(src_pages) != len(dst_pages):
+        raise RuntimeError(
+            f"Request {chunk.room}: prefill sends {len(src_pages)} pages for slice "
+            f"[{chunk.index_slice.start}, {chunk.index_slice.stop}) but decode provided {len(dst_pages)}"
+        )
+    srcs, dsts, lens = _page_blocks(
+        kv_args.kv_data_ptrs, reg.dst_kv_ptrs, kv_args.kv_item_lens, reg.dst_kv_item_lens, src_pages, dst_pages, "KV"
+    )
+    if not chunk.is_last:
+        return srcs, dsts, lens
+
+    if chunk.prefill_aux_index is not None and info.dst_aux_index is not None:
+        if len(kv_args.aux_data_ptrs) != len(reg.dst_aux_ptrs):
+            raise RuntimeError(
+                f"Prefill/Decode metadata buffer count mismatch (src={len(kv_args.aux_data_ptrs)}, dst={len(reg.dst_aux_ptrs)})"
+            )
+        for sp, dp, il in zip(kv_args.aux_data_ptrs, reg.dst_aux_ptrs, kv_args.aux_item_lens):
+            srcs.append(sp + chunk.prefill_aux_index * il)
+            dsts.append(dp + info.dst_aux_index * il)
+            lens.append(il)
+
+    state_indices = chunk.state_indices or []
+    for t, state_type in enumerate(kv_args.state_types):
+        if t >= len(state_indices) or t >= len(info.dst_state_indices):
+            continue
+        src_idx, dst_idx = list(state_indices[t]), list(info.dst_state_indices[t])
+        src_ptrs, item_lens = kv_args.state_data_ptrs[t], kv_args.state_item_lens[t]
+        dst_ptrs = reg.dst_state_data_ptrs[t] if t < len(reg.dst_state_data_ptrs) else []
+        dst_item_lens = reg.dst_state_item_lens[t] if t < len(reg.dst_state_item_lens) else []
+        if state_type == StateType.MAMBA:
+            assert len(src_idx) == 1, "Mamba should have single state index"
+            assert len(dst_idx) == 1, "Mamba should have single state index"
+            if len(src_ptrs) != len(dst_ptrs):
+                raise RuntimeError(f"Prefill/Decode Mamba state tensor count mismatch (src={len(src_ptrs)}, dst={len(dst_ptrs)})")
+            for k, (sp, dp, il) in enumerate(zip(src_ptrs, dst_ptrs, item_lens)):
+                dil = dst_item_lens[k] if k < len(dst_item_lens) else il
+                if dil != il:
+                    raise RuntimeError(
+                        f"Prefill/Decode Mamba slot size mismatch (src={il}, dst={dil}). "
+                        "Configure matching persistent state layouts on both peers."
+                    )
+                srcs.append(sp + il * src_idx[0])
+                dsts.append(dp + il * dst_idx[0])
+                lens.append(il)
+        else:
+            n = min(len(src_idx), len(dst_idx))
+            s, d, ln = _page_blocks(src_ptrs, dst_ptrs, item_lens, dst_item_lens, src_idx[-n:] if n else [], dst_idx[-n:] if n else [], state_type.value)
+            srcs += s
+            dsts += d
+            lens += ln
+    return srcs, dsts, lens
