@@ -49,6 +49,7 @@ def causal_conv1d_fn(
     has_initial_state: Optional[torch.Tensor] = None,
     activation: Optional[str] = "silu",
     pad_slot_id: int = PAD_SLOT_ID,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Prefill conv over each sequence, continuing from its conv state when `has_initial_state`.
 
@@ -79,8 +80,13 @@ def causal_conv1d_fn(
         if usable:
             conv_states[slot].copy_(full[:, -state_len:].to(conv_states.dtype))
     if x.dim() == 3:
-        return torch.stack(outs)
-    return torch.cat(outs, dim=-1) if outs else x.new_empty(x.shape)
+        res = torch.stack(outs)
+    else:
+        res = torch.cat(outs, dim=-1) if outs else x.new_zeros(x.shape)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
 
 
 def causal_conv1d_update(
@@ -91,10 +97,12 @@ def causal_conv1d_update(
     activation: Optional[str] = None,
     conv_state_indices: Optional[torch.Tensor] = None,
     pad_slot_id: int = PAD_SLOT_ID,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Decode conv: x (batch, dim) or (batch, dim, seqlen) continues conv_state[slot], shifted in place.
 
-    Rows whose slot is `pad_slot_id` are skipped: their state is untouched, their output is zero.
+    Rows whose slot is `pad_slot_id` are skipped: their state is untouched, their output is
+    unspecified (zero here; the Triton kernel does not write it).
     """
     squeeze = x.dim() == 2
     xs = x.unsqueeze(-1) if squeeze else x
@@ -103,15 +111,19 @@ def causal_conv1d_update(
     state_len = conv_state.shape[-1]
     slots = conv_state_indices.long() if conv_state_indices is not None else torch.arange(batch, device=x.device)
     valid = slots != pad_slot_id
-    out = torch.zeros(xs.shape, dtype=x.dtype, device=x.device)
+    res = torch.zeros(xs.shape, dtype=x.dtype, device=x.device)
     if bool(valid.any()):
         vs = slots[valid]
         full = torch.cat([conv_state[vs].float(), xs[valid].float()], dim=-1)
         y = F.conv1d(full[:, :, -(width - 1 + seqlen) :], weight.float()[:, None, :],
                      bias.float() if bias is not None else None, groups=dim)
-        out[valid] = _activate(y, activation).to(x.dtype)
+        res[valid] = _activate(y, activation).to(x.dtype)
         conv_state[vs] = full[:, :, -state_len:].to(conv_state.dtype)
-    return out.squeeze(-1) if squeeze else out
+    res = res.squeeze(-1) if squeeze else res
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
 
 
 # ---------------------------------------------------------------------------------------------
