@@ -93,6 +93,13 @@ class Engine:
         }
 
     def shutdown(self) -> None:
+        task = getattr(getattr(self, "tokenizer_manager", None), "handle_loop_task", None)
+        if task is not None and not task.done() and not self.loop.is_closed():
+            task.cancel()
+            try:
+                self.loop.run_until_complete(task)
+            except BaseException:  # CancelledError: the loop task is gone, which is what we want
+                pass
         procs = getattr(self, "_procs", None)
         if procs is not None:
             procs.shutdown()

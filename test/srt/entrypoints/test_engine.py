@@ -1,0 +1,78 @@
+"""The offline Engine: real scheduler and detokenizer subprocesses over ZMQ, upstream's return shapes."""
+
+import psutil
+import pytest
+
+import sglang
+from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("engine_llama")), "llama", seed=2)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    eng = sglang.Engine(model_path=model_dir, max_total_tokens=4096, dtype="float32")
+    yield eng
+    eng.shutdown()
+
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def test_single_prompt_shape_and_hf_parity(engine, model_dir):
+    from transformers import AutoTokenizer
+
+    out = engine.generate("Hello there, how are", GREEDY)
+    assert set(out) >= {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 8}
+    assert meta["completion_tokens"] == 8 and meta["num_retractions"] == 0
+    assert meta["id"] and meta["e2e_latency"] > 0
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok.encode("Hello there, how are")
+    assert meta["prompt_tokens"] == len(ids)
+    assert out["output_ids"] == hf_greedy(load_hf_model(model_dir), ids, 8)
+    assert out["text"] == tok.decode(out["output_ids"], skip_special_tokens=True)
+
+
+def test_batch_and_input_ids(engine):
+    outs = engine.generate(["a b c", "d e f g"], GREEDY)
+    assert isinstance(outs, list) and len(outs) == 2
+    again = engine.generate(input_ids=[[5, 6, 7], [8, 9]], sampling_params=GREEDY)
+    assert [len(o["output_ids"]) for o in again] == [8, 8]
+
+
+def test_stream_chunks_grow_to_final(engine):
+    chunks = list(engine.generate("Streaming test", {**GREEDY, "max_new_tokens": 6}, stream=True))
+    assert len(chunks) >= 2
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["text"].startswith(a["text"])
+    full = engine.generate("Streaming test", {**GREEDY, "max_new_tokens": 6})
+    assert chunks[-1]["output_ids"] == full["output_ids"]
+
+
+def test_invalid_sampling_params_raise(engine):
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5."):
+        engine.generate("x", {"top_p": 1.5})
+
+
+def test_server_info_and_flush(engine):
+    info = engine.get_server_info()
+    st = info["internal_states"][0]
+    assert st["num_running_reqs"] == 0
+    assert engine.flush_cache().success is True
+
+
+def test_shutdown_leaves_no_children(model_dir):
+    eng = sglang.Engine(model_path=model_dir, max_total_tokens=1024)
+    workers = [psutil.Process(p.pid) for p in eng._procs.processes]
+    children = workers + [c for w in workers for c in w.children(recursive=True)]
+    assert len(workers) == 2
+    eng.shutdown()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
