@@ -59,15 +59,20 @@ def convert_default_model(dst: str) -> str:
     t0 = time.time()
     logger.info(f"Converting the default model {DEFAULT_MODEL_NAME} from {gguf} to {dst} (one time) ...")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=fname)
+        # Same tokenizer as the tests' tiny models: reuse that cached copy (parsing the GGUF
+        # vocabulary takes ~15 s).
+        from sglang.test.tiny_models import tiny_tokenizer_dir
+
+        tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
         logger.info("Default model: tokenizer read; dequantizing weights ...")
         gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=fname, dtype=torch.float32)
         config = gguf_model.config
         config.architectures = ["LlamaForCausalLM"]
         state = gguf_model.state_dict()
         del gguf_model
-        model = LlamaForCausalLM(config).to(torch.float32)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        with torch.device("meta"):  # no random init: every weight is assigned below
+            model = LlamaForCausalLM(config)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
         if missing:
             raise RuntimeError(f"Default model conversion: weights missing from the GGUF: {missing}")

@@ -1,0 +1,95 @@
+"""ModelRunner: options from a ServerArgs-like object (+ keyword overrides), KV pool sizing
+(explicit tokens or a fraction of available host memory, page-aligned), start-up logs, and
+greedy generation straight through the runner equal to HF generate."""
+
+import json
+import logging
+import os
+import shutil
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.test.hf_parity import load_hf_model, random_prompt
+from sglang.test.runner_utils import greedy_generate
+from sglang.test.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("m")), "qwen3_swa", seed=12)
+
+
+def test_server_args_object_and_pool_shapes(model_dir, caplog):
+    args = SimpleNamespace(dtype="auto", page_size=16, max_total_tokens=1000, mem_fraction_static=None,
+                           max_running_requests=5, context_length=300, attention_backend=None, device="cpu",
+                           disable_tqdm=True)
+    with caplog.at_level(logging.INFO):
+        r = ModelRunner(ModelConfig.from_path(model_dir), args)
+    assert r.server_args is args
+    assert (r.device, r.page_size, r.dtype) == ("cpu", 16, torch.float32)
+    assert r.max_total_num_tokens == 992  # page-aligned down
+    assert r.max_running_requests == 5 and r.req_to_token_pool.size == 5
+    assert r.model_config.context_len == 300
+    assert tuple(r.req_to_token_pool.req_to_token.shape) == (5, 304)
+    pool = r.token_to_kv_pool
+    assert pool.layer_ids == [0, 1, 2, 3]
+    assert tuple(pool.get_key_buffer(3).shape) == (992 + 16, 2, 16)
+    assert r.token_to_kv_pool_allocator.available_size() == 992
+    assert isinstance(r.attn_backend, TorchNativeAttnBackend)
+    assert "KV Cache is allocated. #tokens: 992, K size: 0.00 GB, V size: 0.00 GB" in caplog.text
+    assert "#tokens in KV pool: 992" in caplog.text
+    assert "Load weight end. type=Qwen3ForCausalLM, dtype=torch.float32" in caplog.text
+    # keyword overrides win over the object
+    r2 = ModelRunner(model_dir, args, page_size=1, max_total_tokens=40)
+    assert (r2.page_size, r2.max_total_num_tokens) == (1, 40)
+
+
+def test_pool_sized_from_memory_fraction(model_dir):
+    frac = 0.0005
+    r = ModelRunner(model_dir, mem_fraction_static=frac, page_size=16, max_running_requests=4, disable_tqdm=True)
+    per_token = 4 * 2 * 16 * 2 * 4  # layers * kv_heads * head_dim * (K+V) * fp32
+    assert r.kv_bytes_per_token() == per_token
+    expected = frac * psutil.virtual_memory().available / per_token
+    assert r.max_total_num_tokens % 16 == 0
+    assert abs(r.max_total_num_tokens - expected) < 0.05 * expected + 16
+
+
+def test_default_max_running_requests(model_dir):
+    r = ModelRunner(model_dir, max_total_tokens=64, disable_tqdm=True)
+    # upstream's rule min(max(tokens / context_len * 512, 2048), 4096), bounded by the pool
+    assert r.max_running_requests == 64
+    r = ModelRunner(model_dir, max_total_tokens=8192, disable_tqdm=True, context_length=128)
+    assert r.max_running_requests == 4096 and r.req_to_token_pool.size == 4096
+
+
+def test_unsupported_architecture_fails_at_start(model_dir, tmp_path):
+    bad = str(tmp_path / "bad")
+    shutil.copytree(model_dir, bad)
+    cfg_path = os.path.join(bad, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg["model_type"] = "gpt2"
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*not supported.*Supported architectures: .*LlamaForCausalLM"):
+        ModelRunner(bad, max_total_tokens=64, disable_tqdm=True)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_greedy_generation_equals_hf_generate(model_dir, page_size):
+    prompt = random_prompt(30, seed=13)
+    hf = load_hf_model(model_dir)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    r = ModelRunner(model_dir, max_total_tokens=256, page_size=page_size, disable_tqdm=True)
+    free0 = r.token_to_kv_pool_allocator.available_size()
+    assert greedy_generate(r, prompt, 12) == ref
+    assert r.token_to_kv_pool_allocator.available_size() == free0  # helper returned every slot
