@@ -1,0 +1,532 @@
+"""The HTTP server: FastAPI routes (native SGLang API and the OpenAI-compatible one) over the
+TokenizerManager, served by uvicorn on uvloop.
+
+`launch_server(server_args)` starts the engine processes (scheduler, detokenizer; the
+TokenizerManager lives here), serves HTTP, sends a warm-up request from a helper thread
+(then logs "The server is fired up and ready to roll!"), and on SIGINT/SIGTERM stops uvicorn
+and then the engine processes, so nothing is left running and the ZMQ IPC files are removed.
+
+The routes are built by `build_app(state)` around a `ServerState` rather than module globals,
+so the same code serves any TokenizerManager (tests, the launcher).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any, Optional
+
+import orjson
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList
+from sglang.srt.entrypoints.openai.serving_base import (
+    STRUCTURED_OUTPUT_UNSUPPORTED,
+    ServingContext,
+    abort_error,
+    chain_outputs,
+    first_output,
+    load_model_sampling_defaults,
+)
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+logger = logging.getLogger(__name__)
+
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # same value as sglang.srt.disaggregation.utils
+FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+_STRUCTURED_KEYS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
+class ServerStatus:
+    Starting = "Starting"
+    Up = "Up"
+    ShuttingDown = "ShuttingDown"
+
+
+@dataclasses.dataclass
+class ServerState:
+    ctx: ServingContext
+    metrics: Any = None
+    status: str = ServerStatus.Starting
+    startup_time: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def tokenizer_manager(self):
+        return self.ctx.tokenizer_manager
+
+    @property
+    def server_args(self):
+        return self.ctx.server_args
+
+
+class AbortRequestBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rid: str = ""
+    abort_all: bool = False
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(content=orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY,
+                                         default=str),
+                    status_code=status_code, media_type="application/json")
+
+
+def _native_error(message: str, status_code: int = 400) -> Response:
+    return _json({"error": {"message": message}}, status_code)
+
+
+def _stream_error_chunk(message: str, code: int = 400) -> bytes:
+    err = {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
+    return b"data: " + orjson.dumps(err) + b"\n\n"
+
+
+def _asks_structured_output(obj: GenerateReqInput) -> bool:
+    sps = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params or {}]
+    return any(isinstance(sp, dict) and any(sp.get(k) for k in _STRUCTURED_KEYS) for sp in sps)
+
+
+# Fields of GenerateReqInput a client may set (the rest are filled by normalization).
+_GENERATE_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerateReqInput)) - {"is_single", "batch_size"}
+_GENERATE_ADAPTER = TypeAdapter(GenerateReqInput)
+
+
+async def _parse_body(request: Request, model):
+    """JSON body -> `model` (a pydantic model class or a TypeAdapter); invalid JSON or values
+    raise FastAPI's RequestValidationError, which the app turns into a 400 ErrorResponse."""
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": e.msg}}]) from None
+    if not isinstance(body, dict):
+        raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a JSON object",
+                                       "input": body}])
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python({k: v for k, v in body.items() if k in _GENERATE_FIELDS})
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
+
+
+def _health_timeout() -> float:
+    return float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+
+
+# =============================================================================================
+# The app
+# =============================================================================================
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="SGLang", openapi_url=None)
+    ctx = state.ctx
+    completions = OpenAIServingCompletion(ctx)
+    chat = OpenAIServingChat(ctx)
+
+    # --- errors: upstream turns FastAPI's 422 into a 400 ErrorResponse -------------------------
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        exc_str, errors_str = str(exc), str(exc.errors())
+        message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
+        err = ErrorResponse(message=message, type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST.value)
+        return JSONResponse(status_code=400, content=err.model_dump())
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        err = ErrorResponse(message=str(exc.detail), type=str(exc.status_code), code=exc.status_code)
+        return JSONResponse(status_code=exc.status_code, content=err.model_dump())
+
+    api_key = getattr(state.server_args, "api_key", None)
+    if api_key:
+        _add_api_key_middleware(app, api_key)
+
+    # --- health -------------------------------------------------------------------------------
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health_generate(request: Request):
+        if state.status in (ServerStatus.Starting, ServerStatus.ShuttingDown):
+            return Response(status_code=503)
+        if ctx.dead_reason():
+            return Response(status_code=503)
+        if request.url.path == "/health" and os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0") != "1":
+            return Response(status_code=200)
+        ok = await _generate_one_token(state)
+        if ok:
+            return Response(status_code=200)
+        return Response(content="Health check failed: no token was generated in time.", status_code=503)
+
+    @app.get("/ready")
+    async def ready():
+        ok = state.status == ServerStatus.Up and not ctx.dead_reason()
+        return Response(status_code=200 if ok else 503)
+
+    # --- info -----------------------------------------------------------------------------------
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info():
+        return _json(_model_info(state))
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info():
+        return _json(await _server_info(state))
+
+    @app.get("/v1/models")
+    async def available_models():
+        card = ModelCard(id=ctx.served_model_name, root=ctx.served_model_name, max_model_len=ctx.context_len)
+        return _json(ModelList(data=[card]).model_dump())
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str):
+        if model != ctx.served_model_name:
+            return _json({"error": {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                                    "param": "model", "code": "model_not_found"}}, status_code=404)
+        card = ModelCard(id=model, root=model, max_model_len=ctx.context_len)
+        return _json(card.model_dump())
+
+    # --- generation -----------------------------------------------------------------------------
+    # Bodies are parsed here rather than by FastAPI's parameter binding so that a JSON body is
+    # accepted whatever Content-Type the client sent (e.g. curl -d); errors keep upstream's shape.
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate_request(request: Request):
+        obj = await _parse_body(request, _GENERATE_ADAPTER)
+        return await _generate(state, obj, request)
+
+    @app.post("/v1/completions")
+    async def openai_v1_completions(raw_request: Request):
+        request = await _parse_body(raw_request, CompletionRequest)
+        return await completions.handle_request(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def openai_v1_chat_completions(raw_request: Request):
+        request = await _parse_body(raw_request, ChatCompletionRequest)
+        return await chat.handle_request(request, raw_request)
+
+    # --- control --------------------------------------------------------------------------------
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        ret = await state.tokenizer_manager.flush_cache()
+        return Response(content=FLUSH_CACHE_TEXT, status_code=200 if ret.success else HTTPStatus.BAD_REQUEST)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        obj = await _parse_body(request, AbortRequestBody)
+        _abort(state.tokenizer_manager, obj.rid, obj.abort_all)
+        return Response(status_code=200)
+
+    if getattr(state.server_args, "enable_metrics", False) and state.metrics is not None:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        @app.get("/metrics")
+        async def metrics():
+            try:
+                snapshot = await asyncio.wait_for(state.tokenizer_manager.get_internal_state(), 10)
+                state.metrics.update_scheduler_state(snapshot)
+            except Exception as e:  # noqa: BLE001 - counters are still worth serving
+                logger.warning("Could not read the scheduler state for /metrics: %r", e)
+            return Response(content=state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _add_api_key_middleware(app: FastAPI, api_key: str) -> None:
+    """Upstream's rule: every route needs `Authorization: Bearer KEY`, except the health checks
+    and /metrics (scraped by monitoring without credentials)."""
+
+    @app.middleware("http")
+    async def authentication(request: Request, call_next):
+        if request.method == "OPTIONS":
+            return await call_next(request)
+        path = request.url.path
+        if path.startswith("/health") or path.startswith("/metrics"):
+            return await call_next(request)
+        if request.headers.get("Authorization") != "Bearer " + api_key:
+            return JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
+
+
+# =============================================================================================
+# Handlers
+# =============================================================================================
+
+
+async def _generate(state: ServerState, obj: GenerateReqInput, request: Request) -> Response:
+    """Native `/generate`: errors are `{"error": {"message": ...}}` as upstream."""
+    if _asks_structured_output(obj):
+        return _native_error(STRUCTURED_OUTPUT_UNSUPPORTED)
+    dead = state.ctx.dead_reason()
+    if dead:
+        return _native_error(dead, 503)
+    tm = state.tokenizer_manager
+    try:
+        agen = tm.generate_request(obj, request)
+        first = await first_output(agen)
+    except ValueError as e:
+        logger.error("[http_server] Error: %s", e)
+        return _native_error(str(e))
+    except RuntimeError as e:  # the engine died
+        return _native_error(str(e), 503)
+
+    if obj.stream:
+        if first is not None:
+            aborted = abort_error([first])
+            if aborted is not None:
+                return _native_error(aborted.message, aborted.status_code)
+        return StreamingResponse(_stream_native(first, agen), media_type="text/event-stream")
+
+    outputs = first if isinstance(first, list) else [first]
+    aborted = abort_error(outputs)
+    if aborted is not None:
+        if aborted.status_code == HTTPStatus.BAD_REQUEST:
+            return _native_error(aborted.message)
+        err = ErrorResponse(message=aborted.message, type=str(aborted.status_code), code=aborted.status_code)
+        return _json(err.model_dump(), aborted.status_code)
+    return _json(first)
+
+
+async def _stream_native(first, agen):
+    outputs = chain_outputs(first, agen)
+    try:
+        async for out in outputs:
+            yield b"data: " + orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
+    except ValueError as e:
+        logger.error("[http_server] Error: %s", e)
+        yield _stream_error_chunk(str(e))
+    finally:
+        await outputs.aclose()
+    yield b"data: [DONE]\n\n"
+
+
+def _abort(tm, rid: str, abort_all: bool) -> None:
+    """Aborts `rid`, and the per-sample requests `rid_0..rid_{n-1}` that `n > 1` creates."""
+    if abort_all:
+        tm.abort_request(abort_all=True)
+        return
+    targets = [r for r in list(tm.rid_to_state) if r == rid or r.startswith(f"{rid}_")]
+    for r in targets:
+        tm.abort_request(r)
+
+
+async def _generate_one_token(state: ServerState) -> bool:
+    """Upstream's health check: a 1-token greedy request from token id 0."""
+    tm = state.tokenizer_manager
+    obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                           rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", log_metrics=False)
+    if getattr(state.server_args, "disaggregation_mode", "null") != "null":
+        obj.bootstrap_host = FAKE_BOOTSTRAP_HOST
+        obj.bootstrap_room = 0
+
+    async def run() -> bool:
+        async for _ in tm.generate_request(obj, None):
+            return True
+        return False
+
+    task = asyncio.ensure_future(run())
+    try:
+        return await asyncio.wait_for(task, _health_timeout())
+    except Exception as e:  # noqa: BLE001 - any failure is an unhealthy server
+        logger.error("Health check failed: %r", e)
+        return False
+
+
+def _model_info(state: ServerState) -> dict:
+    sa = state.server_args
+    info = state.ctx.scheduler_info
+    hf = {}
+    try:
+        from sglang.srt.configs.model_config import read_hf_config_dict
+
+        hf = read_hf_config_dict(info.get("model_path") or sa.model_path)
+    except Exception:  # noqa: BLE001 - model_type/architectures are informative only
+        pass
+    return {
+        "model_path": sa.model_path,
+        "served_model_name": state.ctx.served_model_name,
+        "tokenizer_path": sa.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": getattr(sa, "preferred_sampling_params", None),
+        "weight_version": getattr(sa, "weight_version", "default"),
+        "load_format": getattr(sa, "load_format", "auto"),
+        "reasoning_parser": getattr(sa, "reasoning_parser", None),
+        "tool_call_parser": getattr(sa, "tool_call_parser", None),
+        "disaggregation_mode": getattr(sa, "disaggregation_mode", "null"),
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": hf.get("model_type"),
+        "architectures": hf.get("architectures") or ([info["architecture"]] if info.get("architecture") else None),
+    }
+
+
+async def _server_info(state: ServerState) -> dict:
+    sa = state.server_args
+    try:
+        internal = await asyncio.wait_for(state.tokenizer_manager.get_internal_state(), 10)
+        internal_states = [internal]
+    except Exception as e:  # noqa: BLE001 - a dead scheduler must not hang /server_info
+        logger.warning("Could not read the scheduler's internal state: %r", e)
+        internal_states = []
+    sources = {}
+    if hasattr(sa, "declarations"):
+        for source, decided in sa.declarations():
+            for name in decided:
+                sources[name] = source
+    from sglang import __version__
+
+    return {
+        **sa.resolved_dict(),
+        **state.ctx.scheduler_info,
+        "resolution_sources": sources,
+        "startup_time": state.startup_time,
+        "internal_states": internal_states,
+        "version": __version__,
+        "frontend": "python",
+    }
+
+
+# =============================================================================================
+# Launch
+# =============================================================================================
+
+
+def build_state(server_args, procs) -> ServerState:
+    """Wires the serving context (and the metrics hook) around started engine processes."""
+    tm = procs.tokenizer_manager
+    ctx = ServingContext(
+        tokenizer_manager=tm,
+        server_args=server_args,
+        scheduler_info=dict(procs.scheduler_info),
+        engine_alive=procs.alive,
+        model_sampling_defaults=load_model_sampling_defaults(procs.scheduler_info.get("model_path")),
+    )
+    state = ServerState(ctx=ctx)
+    if getattr(server_args, "enable_metrics", False):
+        from sglang.srt.metrics.collector import ServerMetricsCollector
+
+        state.metrics = ServerMetricsCollector({"model_name": ctx.served_model_name}, tokenizer_manager=tm)
+        tm.metrics = state.metrics
+    return state
+
+
+def launch_server(server_args) -> None:
+    """Runs the server until SIGINT/SIGTERM, then stops everything it started."""
+    import signal
+    import threading
+
+    from sglang.srt.entrypoints.launch import launch_engine_processes
+    from sglang.srt.utils.process import configure_logging
+
+    configure_logging(server_args)
+    exiting = {"done": False}
+
+    def _on_sigterm(signum, frame):
+        # uvicorn handles SIGTERM while it serves and re-raises it once it has stopped; we then
+        # leave uvicorn and shut the engine down in `finally`. Later signals are ignored.
+        if not exiting["done"]:
+            exiting["done"] = True
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    logger.info(f"{server_args=}")
+    procs = launch_engine_processes(server_args)
+    state = None
+    try:
+        state = build_state(server_args, procs)
+        app = build_app(state)
+        threading.Thread(target=_wait_and_warmup, args=(server_args, state), name="sglang-warmup", daemon=True).start()
+        _serve(app, server_args, state)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if state is not None:
+            state.status = ServerStatus.ShuttingDown
+        logger.info("Shutting down the engine processes.")
+        procs.shutdown()
+        _close_zmq(procs.tokenizer_manager)
+
+
+def _serve(app: FastAPI, server_args, state: ServerState) -> None:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            state.status = ServerStatus.ShuttingDown  # /health turns 503 at once
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        host=server_args.host,
+        port=server_args.port,
+        log_level=(getattr(server_args, "log_level_http", None) or server_args.log_level or "info").lower(),
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=5,
+        loop="uvloop",
+    )
+    _Server(config).run()
+
+
+def _close_zmq(tm) -> None:
+    """Drop unsent messages (a dead scheduler never reads them) so that exit cannot block."""
+    ctx = getattr(tm, "ctx", None)
+    if ctx is not None:
+        try:
+            ctx.destroy(linger=0)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _wait_and_warmup(server_args, state: ServerState) -> None:
+    """Waits for the HTTP server, sends one real request through it, then declares it up."""
+    import requests
+
+    base = server_args.url()
+    headers = {"Authorization": f"Bearer {server_args.api_key}"} if getattr(server_args, "api_key", None) else {}
+    deadline = time.time() + 600
+    while True:
+        try:
+            if requests.get(f"{base}/model_info", headers=headers, timeout=5).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        if time.time() > deadline or state.status == ServerStatus.ShuttingDown:
+            logger.error("The HTTP server did not come up; warm-up abandoned.")
+            return
+        time.sleep(0.2)
+
+    if not getattr(server_args, "skip_server_warmup", False):
+        payload: dict = {"sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        if getattr(server_args, "skip_tokenizer_init", False):
+            payload["input_ids"] = [10, 11, 12]
+        else:
+            payload["text"] = "The capital city of France is"
+        if getattr(server_args, "disaggregation_mode", "null") != "null":
+            payload["bootstrap_host"] = FAKE_BOOTSTRAP_HOST
+            payload["bootstrap_room"] = 0
+        try:
+            res = requests.post(f"{base}/generate", json=payload, headers=headers, timeout=600)
+            if res.status_code != 200:
+                raise RuntimeError(f"status {res.status_code}: {res.text}")
+        except Exception as e:  # noqa: BLE001
+            logger.error(f"Initialization failed. warmup error: {e}")
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+    if state.status == ServerStatus.Starting:
+        state.status = ServerStatus.Up
+        logger.info("The server is fired up and ready to roll!")

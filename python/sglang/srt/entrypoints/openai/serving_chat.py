@@ -1,0 +1,185 @@
+"""`POST /v1/chat/completions`: messages are rendered with the tokenizer's chat template
+(`apply_chat_template(..., add_generation_prompt=True)`) and run as token ids through the one
+TokenizerManager path.
+
+The template's text already holds the special tokens it wants (BOS, role markers), so it is
+tokenized with `add_special_tokens=False`, the same ids `apply_chat_template(tokenize=True)`
+gives. Streams follow upstream: a first chunk with `role: assistant`, content deltas, one
+chunk per choice with its finish_reason, and, with `stream_options.include_usage`, a last chunk
+with no choices and the usage.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    OpenAIServingBase,
+    build_sampling_params,
+    chat_logprobs,
+    finish_fields,
+    streaming_usage,
+    usage_from_outputs,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+
+class OpenAIServingChat(OpenAIServingBase):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._chat_template = _load_chat_template_file(getattr(ctx.server_args, "chat_template", None))
+
+    def _validate(self, request: ChatCompletionRequest) -> Optional[str]:
+        if not request.messages:
+            return "Messages cannot be empty"
+        if request.n < 1:
+            return f"n must be at least 1, got {request.n}."
+        if self.ctx.tokenizer_manager.tokenizer is None:
+            return "The chat API needs the tokenizer; the server runs with --skip-tokenizer-init."
+        return None
+
+    # --- request -> token ids ------------------------------------------------------------------
+    def _messages(self, request: ChatCompletionRequest) -> List[Dict]:
+        msgs = []
+        for m in request.messages:
+            content = m.content
+            if isinstance(content, list):
+                texts = []
+                for part in content:
+                    if part.type != "text":
+                        raise ValueError(f"Content of type '{part.type}' is not supported by this server yet: only text.")
+                    texts.append(part.text or "")
+                content = "".join(texts)
+            d = {"role": m.role, "content": content if content is not None else ""}
+            for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+                value = getattr(m, key)
+                if value is not None:
+                    d[key] = value
+            msgs.append(d)
+        return msgs
+
+    def _prompt_ids(self, request: ChatCompletionRequest) -> List[int]:
+        tok = self.ctx.tokenizer_manager.tokenizer
+        msgs = self._messages(request)
+        kwargs = dict(request.chat_template_kwargs or {})
+        add_generation_prompt = True
+        if request.continue_final_message and msgs and msgs[-1]["role"] == "assistant":
+            add_generation_prompt = False
+            kwargs["continue_final_message"] = True
+        if request.tools:
+            kwargs["tools"] = request.tools
+        if self._chat_template is not None:
+            kwargs["chat_template"] = self._chat_template
+        try:
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+        except ValueError:
+            raise
+        except Exception as e:  # template errors (jinja) are the client's messages' fault
+            raise ValueError(f"Failed to apply the chat template: {e}") from None
+        return tok.encode(text, add_special_tokens=False)
+
+    def _convert(self, request: ChatCompletionRequest) -> GenerateReqInput:
+        max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        return GenerateReqInput(
+            input_ids=self._prompt_ids(request),
+            sampling_params=build_sampling_params(request, max_tokens, self.ctx.model_sampling_defaults),
+            return_logprob=request.logprobs,
+            top_logprobs_num=request.top_logprobs or 0,
+            return_text_in_logprobs=True,
+            stream=request.stream,
+            rid=request.rid,
+            priority=request.priority,
+            extra_key=request.extra_key,
+            cache_salt=request.cache_salt,
+            bootstrap_host=request.bootstrap_host,
+            bootstrap_port=request.bootstrap_port,
+            bootstrap_room=request.bootstrap_room,
+            bootstrap_pair_key=request.bootstrap_pair_key,
+            return_hidden_states=request.return_hidden_states,
+        )
+
+    # --- whole response -----------------------------------------------------------------------
+    def _build_response(self, request: ChatCompletionRequest, outputs: List[dict]) -> ChatCompletionResponse:
+        choices = []
+        for i, out in enumerate(outputs):
+            meta = out["meta_info"]
+            logprobs = None
+            if request.logprobs:
+                logprobs = chat_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs", []))
+            reason, matched = finish_fields(meta)
+            choices.append(ChatCompletionResponseChoice(
+                index=i, message=ChatMessage(role="assistant", content=out.get("text", "")), logprobs=logprobs,
+                finish_reason=reason, matched_stop=matched))
+        return ChatCompletionResponse(
+            id=outputs[0]["meta_info"]["id"],
+            model=request.model or self.ctx.served_model_name,
+            choices=choices,
+            usage=usage_from_outputs(outputs, request.n),
+        )
+
+    # --- streaming ----------------------------------------------------------------------------
+    async def _stream_chunks(self, request: ChatCompletionRequest, outputs):
+        created = int(time.time())
+        model = request.model or self.ctx.served_model_name
+        sent_text, n_prev, finished = {}, {}, {}
+        prompt_tokens, completion_tokens, cached_tokens = {}, {}, {}
+        response_id = None
+
+        def chunk(index, delta, reason=None, matched=None, logprobs=None):
+            c = ChatCompletionStreamResponse(
+                id=response_id, created=created, model=model,
+                choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, logprobs=logprobs,
+                                                            finish_reason=reason, matched_stop=matched)])
+            return f"data: {c.model_dump_json()}\n\n"
+
+        async for out in outputs:
+            index = out.get("index", 0)
+            meta = out["meta_info"]
+            response_id = response_id or meta["id"]
+            prompt_tokens[index] = meta["prompt_tokens"]
+            completion_tokens[index] = meta["completion_tokens"]
+            cached_tokens[index] = meta.get("cached_tokens", 0)
+            if index not in sent_text:
+                sent_text[index] = ""
+                yield chunk(index, DeltaMessage(role="assistant", content=""))
+            logprobs = None
+            if request.logprobs:
+                start = n_prev.get(index, 0)
+                logprobs = chat_logprobs(meta.get("output_token_logprobs", [])[start:],
+                                         meta.get("output_top_logprobs", [])[start:])
+                n_prev[index] = len(meta.get("output_token_logprobs", []))
+            full = out.get("text", "")
+            delta = full[len(sent_text[index]):]
+            sent_text[index] = full
+            if delta or (logprobs is not None and logprobs.content):
+                yield chunk(index, DeltaMessage(content=delta), logprobs=logprobs)
+            reason, matched = finish_fields(meta)
+            if reason is not None:
+                finished[index] = (reason, matched)
+        for index, (reason, matched) in sorted(finished.items()):
+            yield chunk(index, DeltaMessage(), reason=reason, matched=matched)
+        if request.stream_options and request.stream_options.include_usage and response_id is not None:
+            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n)
+            c = ChatCompletionStreamResponse(id=response_id, created=created, model=model, choices=[], usage=usage)
+            yield f"data: {c.model_dump_json()}\n\n"
+
+
+def _load_chat_template_file(path: Optional[str]) -> Optional[str]:
+    """`--chat-template FILE` overrides the tokenizer's template (a Jinja file)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        raise ValueError(f"--chat-template {path!r}: only a Jinja template file is supported.") from None

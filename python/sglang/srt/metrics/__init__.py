@@ -1,0 +1,1 @@
+"""Prometheus metrics of the server (`--enable-metrics`, served at `/metrics`)."""

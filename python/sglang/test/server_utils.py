@@ -1,0 +1,109 @@
+"""Helpers for tests that run the real server as a subprocess on 127.0.0.1.
+
+`popen_launch_server` starts `python -m sglang.launch_server` with the given model and extra
+flags and waits until `/health` answers 200 (which, as upstream, happens only after the
+warm-up request unless `--skip-server-warmup`); `stop_server` sends SIGTERM and makes sure the
+whole process tree is gone even if the server misbehaves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+DEFAULT_STARTUP_TIMEOUT = 180.0
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_health(base_url: str, timeout: float = DEFAULT_STARTUP_TIMEOUT, process: Optional[subprocess.Popen] = None,
+                    api_key: Optional[str] = None, path: str = "/health") -> None:
+    """Polls `base_url + path` until it answers 200; fails early if `process` exits."""
+    import requests
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"The server exited during start-up with code {process.returncode}.")
+        try:
+            r = requests.get(base_url + path, headers=headers, timeout=5)
+            if r.status_code == 200:
+                return
+            last = f"status {r.status_code}"
+        except requests.RequestException as e:
+            last = repr(e)
+        time.sleep(0.25)
+    raise TimeoutError(f"{base_url}{path} was not healthy within {timeout:.0f} s (last: {last}).")
+
+
+def popen_launch_server(model_path: str, port: int, extra_args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+                        timeout: float = DEFAULT_STARTUP_TIMEOUT, api_key: Optional[str] = None,
+                        log_path: Optional[str] = None, wait: bool = True) -> subprocess.Popen:
+    """Starts the server on 127.0.0.1:`port`; returns the Popen once it is healthy.
+
+    Output goes to `log_path` (or is inherited when None). With `api_key`, `--api-key` is
+    passed too. On a start-up failure the process tree is stopped before raising."""
+    cmd: List[str] = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+                      "--host", "127.0.0.1", "--port", str(port)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    cmd += list(extra_args)
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.update(env or {})
+    out = open(log_path, "ab") if log_path else None
+    proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None)
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    if out is not None:
+        out.close()
+    if not wait:
+        return proc
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}", timeout=timeout, process=proc)
+    except BaseException:
+        stop_server(proc)
+        raise
+    return proc
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> Optional[int]:
+    """SIGTERM, wait; whatever of the tree is still alive afterwards gets SIGKILL."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if code is None:
+        code = proc.wait(timeout=10)
+    return code
+
+
+def read_log(proc: subprocess.Popen) -> str:
+    path = getattr(proc, "log_path", None)
+    if not path or not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
