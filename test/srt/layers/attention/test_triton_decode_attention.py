@@ -60,6 +60,11 @@ def test_sliding_window(window):
     _run([3, 30, 75], 16, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, window=window)
 
 
+def test_bf16_upcasts_dot_under_interpreter():
+    # bf16 tl.dot is wrong in the interpreter; the kernels upcast there (dot_needs_fp32).
+    _run([30, 7], 16, heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+
+
 def test_single_split_path():
     splits = _run([64, 17], 1, heads=2, kv_heads=1, head_dim=16, dtype=torch.float16, max_kv_splits=1)
     assert splits.max() == 1

@@ -56,3 +56,7 @@ def test_logit_cap():
 @pytest.mark.parametrize("window", [1, 5, 40])
 def test_sliding_window(window):
     _run([0, 37, 70], [40, 6, 33], 16, heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, window=window)
+
+
+def test_bf16_upcasts_dot_under_interpreter():
+    _run([6, 0], [20, 5], 16, heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
