@@ -220,3 +220,53 @@ def test_random_workload_keeps_kv_correct_and_leaks_nothing(ps, seed):
         sim.check()
     assert hits > 3 and sim.evictions_under_pressure > 0, (hits, sim.evictions_under_pressure)
     sim.drain()
+
+
+class _RecordingHostBackend:
+    """Stands in for the host-pool stack (another component): records what the cache hands it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def validate_capacity(self, cache):
+        self.calls.append(("validate",))
+
+    def backup(self, cache, req, full, swa):
+        self.calls.append(("backup", full.clone(), swa))
+        return "backup-handle"
+
+    def restore(self, cache, req, backup, full, swa):
+        self.calls.append(("restore", backup, full.clone(), swa))
+
+    def discard(self, cache, backup):
+        self.calls.append(("discard", backup))
+
+
+def test_retraction_backup_seam_pads_to_pages_and_needs_a_host_stack():
+    sim = build(16, 256)
+    req = ReqLike(origin_input_ids=list(range(1, 21)))
+    sim.admit(req)
+    sim.prefill(req, chunk=1000, first_token=3)
+    sim.decode(req, 4)
+    n = len(req.origin_input_ids) + len(req.output_ids) - 1
+    full, swa = sim.cache.retraction_device_indices(req)
+    row = sim.row(req)
+    assert swa is None and len(full) == 32 and torch.equal(full[:n], row[:n])
+    assert torch.equal(full[n:], row[n - 1] + torch.arange(1, 32 - n + 1))  # rest of its own last page
+    assert set((full // 16).tolist()) == set((row[:n] // 16).tolist())
+    assert not sim.cache.supports_retraction_backup()
+    with pytest.raises(ValueError, match=r"^--disaggregation-decode-retraction-backup=host_pool requires an MHA or "
+                                         r"hybrid-SWA HiCache host stack\.$"):
+        sim.cache.validate_retraction_host_capacity()
+    backend = _RecordingHostBackend()
+    sim.cache.init_hicache(lambda cache: backend)
+    assert sim.cache.supports_retraction_backup() and sim.cache.hicache_attached
+    sim.cache.validate_retraction_host_capacity()
+    handle = sim.cache.backup_kv_cache(req)
+    sim.cache.restore_kv_cache(req, handle)
+    sim.cache.discard_kv_cache_backup(handle)
+    kinds = [c[0] for c in backend.calls]
+    assert kinds == ["validate", "backup", "restore", "discard"]
+    assert torch.equal(backend.calls[1][1], full) and backend.calls[2][1] == "backup-handle"
+    sim.finish(req)
+    sim.drain()
