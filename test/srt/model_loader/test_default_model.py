@@ -49,3 +49,16 @@ def test_default_model_says_paris(default_dir):
     out = greedy_generate(runner, ids, 24, eos_token_ids={tok.eos_token_id})
     text = tok.decode(out, skip_special_tokens=True)
     assert "Paris" in text, text
+
+
+def test_unpermute_inverts_llama_cpp_rotary_permutation():
+    import numpy as np
+
+    from sglang.srt.model_loader.default_model import _unpermute_qk
+
+    def llama_cpp_permute(w, n_head):  # what llama.cpp's convert_hf_to_gguf.py does to q/k rows
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    w = np.arange(3 * 8 * 5, dtype=np.float32).reshape(3 * 8, 5)
+    assert np.array_equal(_unpermute_qk(llama_cpp_permute(w, 3), 3), w)
+    assert not np.array_equal(llama_cpp_permute(w, 3), w)

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_FORMAT_VERSION = 1  # bump to force a re-conversion when the layout below changes
+_FORMAT_VERSION = 2  # bump to force a re-conversion when the layout below changes
 
 
 def default_model_cache_dir() -> str:
@@ -46,40 +46,117 @@ def _is_complete(path: str) -> bool:
     return os.path.exists(os.path.join(path, ".complete"))
 
 
+# llama.cpp tensor names -> HF Llama names ("{i}" is the layer index).
+_GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def _hf_name(gguf_name: str) -> Optional[str]:
+    if gguf_name in _GGUF_TO_HF:
+        return _GGUF_TO_HF[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit():
+        key = ".".join(["blk", "{i}"] + parts[2:])
+        if key in _GGUF_TO_HF:
+            return _GGUF_TO_HF[key].format(i=parts[1])
+    return None
+
+
+def _unpermute_qk(w, n_head: int):
+    """Undo llama.cpp's rotary row interleaving of q/k projections (its converter permutes
+    rows so that its GGML rope kernel can use adjacent pairs; HF uses rotate_half)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def read_gguf_llama(gguf_path: str):
+    """(HF LlamaConfig kwargs, {hf_name: fp32 numpy array}) from a llama GGUF file."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(gguf_path)
+    arch = _gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"Default model GGUF has architecture {arch!r}; expected 'llama'")
+    n_head = int(_gguf_field(reader, "llama.attention.head_count"))
+    n_kv = int(_gguf_field(reader, "llama.attention.head_count_kv", n_head))
+    hidden = int(_gguf_field(reader, "llama.embedding_length"))
+    tensors = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        arr = arr.reshape([int(d) for d in reversed(t.shape.tolist())])
+        if name.endswith("q_proj.weight"):
+            arr = _unpermute_qk(arr, n_head)
+        elif name.endswith("k_proj.weight"):
+            arr = _unpermute_qk(arr, n_kv)
+        tensors[name] = np.ascontiguousarray(arr)
+    config = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=hidden,
+        intermediate_size=int(_gguf_field(reader, "llama.feed_forward_length")),
+        num_hidden_layers=int(_gguf_field(reader, "llama.block_count")),
+        num_attention_heads=n_head,
+        num_key_value_heads=n_kv,
+        head_dim=hidden // n_head,
+        max_position_embeddings=int(_gguf_field(reader, "llama.context_length", 2048)),
+        rms_norm_eps=float(_gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(_gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        vocab_size=int(tensors["model.embed_tokens.weight"].shape[0]),
+        tie_word_embeddings="lm_head.weight" not in tensors,
+    )
+    return config, tensors
+
+
 def convert_default_model(dst: str) -> str:
-    """GGUF -> dequantized LlamaForCausalLM state dict -> HF safetensors folder at `dst`."""
+    """GGUF -> dequantized fp32 LlamaForCausalLM safetensors folder (+ tokenizer) at `dst`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from sglang.test.tiny_models import tiny_tokenizer_dir
 
     gguf = _gguf_path()
-    src_dir, fname = os.path.dirname(gguf), os.path.basename(gguf)
     parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".tmp-{os.path.basename(dst)}-{uuid.uuid4().hex[:8]}")
     t0 = time.time()
     logger.info(f"Converting the default model {DEFAULT_MODEL_NAME} from {gguf} to {dst} (one time) ...")
     try:
-        # Same tokenizer as the tests' tiny models: reuse that cached copy (parsing the GGUF
-        # vocabulary takes ~15 s).
-        from sglang.test.tiny_models import tiny_tokenizer_dir
-
+        # Same tokenizer (and ChatML template) as the tests' tiny models: one cached copy.
         tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
-        logger.info("Default model: tokenizer read; dequantizing weights ...")
-        gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=fname, dtype=torch.float32)
-        config = gguf_model.config
-        config.architectures = ["LlamaForCausalLM"]
-        state = gguf_model.state_dict()
-        del gguf_model
-        with torch.device("meta"):  # no random init: every weight is assigned below
-            model = LlamaForCausalLM(config)
-        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-        missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
-        if missing:
-            raise RuntimeError(f"Default model conversion: weights missing from the GGUF: {missing}")
-        if config.tie_word_embeddings:
-            model.tie_weights()
-        logger.info("Default model: writing safetensors ...")
-        model.save_pretrained(tmp, safe_serialization=True)
+        logger.info("Default model: tokenizer ready; dequantizing weights ...")
+        cfg, arrays = read_gguf_llama(gguf)
+        cfg.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+        config = LlamaConfig(**cfg)
+        config.dtype = torch.float32
+        os.makedirs(tmp)
+        logger.info(f"Default model: writing {len(arrays)} tensors as safetensors ...")
+        save_file({k: torch.tensor(v) for k, v in arrays.items()}, os.path.join(tmp, "model.safetensors"),
+                  metadata={"format": "pt"})
+        config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, ".complete"), "w") as f:
             json.dump({"source": gguf, "format_version": _FORMAT_VERSION}, f)
