@@ -107,3 +107,28 @@ def read_log(proc: subprocess.Popen) -> str:
         return ""
     with open(path, errors="replace") as f:
         return f.read()
+
+
+def hf_greedy_reference(model_path: str, input_ids: List[int], max_new_tokens: int, top_k: int = 0):
+    """Greedy continuation of `input_ids` by HF transformers (fp32, no EOS stop): the reference
+    the server's outputs are checked against. Returns (output_ids, logprobs of the chosen tokens,
+    top-k [(logprob, id)] per step)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.eval()
+    ids = list(input_ids)
+    out_ids, logprobs, tops = [], [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            lp = torch.log_softmax(logits, dim=-1)
+            tok = int(torch.argmax(lp))
+            out_ids.append(tok)
+            logprobs.append(float(lp[tok]))
+            if top_k:
+                v, i = torch.topk(lp, top_k)
+                tops.append(list(zip(v.tolist(), i.tolist())))
+            ids.append(tok)
+    return out_ids, logprobs, tops
