@@ -39,7 +39,7 @@ MAMBA_MSG = "Host-pool retraction does not support Mamba models."
 PURE_SWA_MSG = "Host-pool retraction does not support pure-SWA models."
 
 
-def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, **kw):
+def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, is_hybrid_swa_override=None, **kw):
     mc = ModelConfig.from_dict(cfg)
     size = 64
     req_pool = ReqToTokenPool(4, 128)
@@ -55,7 +55,7 @@ def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, **kw):
         req_to_token_pool=req_pool,
         token_to_kv_pool_allocator=alloc,
         page_size=page_size,
-        is_hybrid_swa=mc.is_hybrid_swa,
+        is_hybrid_swa=mc.is_hybrid_swa if is_hybrid_swa_override is None else is_hybrid_swa_override,
         is_hybrid_ssm=mc.is_hybrid_ssm,
         disable_radix_cache=disable,
         model_config=mc,
@@ -132,6 +132,15 @@ def test_pure_swa_model_gets_a_disabled_unified_cache(disable, caplog):
     cache = create_tree_cache(_ctx(PURE_SWA, disable=disable))
     assert type(cache) is UnifiedRadixCache and cache.disable
     assert "impl=UnifiedRadixCache hybrid_swa=True hybrid_ssm=False" in _init_line(caplog)
+
+
+def test_pure_swa_model_on_a_plain_pool():
+    """The scheduler may build a plain pool (is_hybrid_swa=False) for a pure-SWA model: the
+    host-pool refusal still applies; otherwise it caches like a dense model."""
+    with pytest.raises(ValueError, match=f"^{re.escape(PURE_SWA_MSG)}$"):
+        create_tree_cache(_ctx(PURE_SWA, backup="host_pool", is_hybrid_swa_override=False))
+    cache = create_tree_cache(_ctx(PURE_SWA, is_hybrid_swa_override=False))
+    assert not cache.disable and cache.tree_components == (ComponentType.FULL,)
 
 
 def test_mamba_model_radix_cache_waits_for_the_mamba_component(caplog):

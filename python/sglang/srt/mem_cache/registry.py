@@ -42,6 +42,8 @@ class TreeCacheBuildContext:
     is_hybrid_swa: the KV pool is an `SWAKVPool` (model has sliding-window layers and hybrid SWA
       memory is on). full_tokens_per_layer: full-attention tokens per layer, 0 for a pure-SWA
       model (every attention layer slides); None = not reported (derived from model_config).
+      Cache choice follows upstream's pool-based "pure SWA" (is_hybrid_swa and no full tokens);
+      the host-pool refusal also fires for a pure-SWA *model* on a plain pool.
     retraction_backup: the *resolved* `--disaggregation-decode-retraction-backup`.
     attach_hicache: builds the host stack when HiCache or host-pool retraction is on; called as
       `cache.init_hicache(attach_hicache)` (see `UnifiedRadixCache.init_hicache`).
@@ -74,6 +76,12 @@ class TreeCacheBuildContext:
         if self.full_tokens_per_layer is not None:
             return self.full_tokens_per_layer == 0
         return bool(self.model_config is not None and getattr(self.model_config, "is_pure_swa", False))
+
+    @property
+    def is_pure_swa_model(self) -> bool:
+        """For the host-pool refusal: the model itself has no full-attention layer, whatever
+        pool was built (the same fact `check_server_args` reads from config.json)."""
+        return self.is_pure_swa or bool(getattr(self.model_config, "is_pure_swa", False))
 
     @property
     def window(self) -> Optional[int]:
@@ -137,7 +145,7 @@ def create_unified_radix_cache(ctx: TreeCacheBuildContext, *, cache_class=None):
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, ctx.is_pure_swa)
+    validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, ctx.is_pure_swa_model)
     components = [ComponentType.FULL]
     if ctx.is_hybrid_swa:
         components.append(ComponentType.SWA)
@@ -166,6 +174,8 @@ def default_radix_cache_factory(ctx: TreeCacheBuildContext):
     if ctx.is_pure_swa:
         validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, True)
         return _disabled_cache(ctx)  # upstream: PureSWARadixCache
+    # A pure-SWA model on a plain pool (every layer's KV kept, windows applied by the attention
+    # mask) caches like a dense model: FULL only.
     if _opt(sa, "enable_flexkv", False):
         raise NotImplementedError("--enable-flexkv: FlexKV is not available in this build.")
     return create_unified_radix_cache(ctx)
