@@ -4,7 +4,8 @@ Per forward, `init_forward_metadata` flattens each request's KV slots out of `re
 into `kv_indices` (by a Triton kernel): the whole sequence for decode, the cached prefix for
 extend (the new tokens' own K/V are passed to the extend kernel directly). Every layer of the
 forward then reuses those index tensors. New K/V are written to the pool through
-`token_to_kv_pool.set_kv_buffer` before the kernel runs, as in upstream.
+`token_to_kv_pool.set_kv_buffer` before the kernel runs, as in upstream. With a hybrid SWA
+pool (`SWAKVPool`), sliding-window layers read through the indices translated to SWA slots.
 
 On a GPU this is the default backend; on CPU it runs only through Triton's interpreter
 (TRITON_INTERPRET=1, slow: for tests).
@@ -37,6 +38,8 @@ class TritonForwardMetadata:
     seq_lens: Optional[torch.Tensor] = None
     num_kv_splits: Dict[int, torch.Tensor] = field(default_factory=dict)
     scratch: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # kv_indices translated to SWA-pool slots (hybrid SWA pools), built on first use
+    swa_kv_indices: Optional[torch.Tensor] = None
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -91,6 +94,17 @@ class TritonAttnBackend(AttentionBackend):
             )
         return md.scratch[key]
 
+    def _kv_indices(self, pool, layer) -> torch.Tensor:
+        """Full-pool slots, or for a sliding-window layer of an SWA pool its SWA-pool slots
+        (out-of-window positions may map to the padding slot: the kernels never read them)."""
+        md = self.forward_metadata
+        is_swa = getattr(pool, "is_swa_layer", None)
+        if is_swa is None or not is_swa(layer.layer_id):
+            return md.kv_indices
+        if md.swa_kv_indices is None:
+            md.swa_kv_indices = pool.translate_loc_from_full_to_swa(md.kv_indices)
+        return md.swa_kv_indices
+
     # ---- forward ------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool or self.token_to_kv_pool
@@ -105,7 +119,7 @@ class TritonAttnBackend(AttentionBackend):
             q.reshape(T, hq, layer.qk_head_dim),
             k.reshape(T, hkv, layer.qk_head_dim),
             v.reshape(T, hkv, layer.v_head_dim),
-            o, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_extend_len,
+            o, k_buf, v_buf, md.qo_indptr, md.kv_indptr, self._kv_indices(pool, layer), md.max_extend_len,
             sm_scale=layer.scaling, logit_cap=layer.logit_cap or 0.0,
             sliding_window_size=layer.sliding_window_size,
         )
@@ -123,7 +137,7 @@ class TritonAttnBackend(AttentionBackend):
         o = q.new_empty((bs, hq, layer.v_head_dim))
         attn_logits, attn_lse = self._decode_scratch(bs, hq, layer.v_head_dim)
         decode_attention_fwd(
-            q.reshape(bs, hq, layer.qk_head_dim), k_buf, v_buf, o, md.kv_indptr, md.kv_indices,
+            q.reshape(bs, hq, layer.qk_head_dim), k_buf, v_buf, o, md.kv_indptr, self._kv_indices(pool, layer),
             attn_logits, attn_lse, self._decode_splits(window), self.max_kv_splits,
             layer.scaling, logit_cap=layer.logit_cap or 0.0, sliding_window_size=window,
         )
