@@ -93,3 +93,13 @@ def test_greedy_generation_equals_hf_generate(model_dir, page_size):
     free0 = r.token_to_kv_pool_allocator.available_size()
     assert greedy_generate(r, prompt, 12) == ref
     assert r.token_to_kv_pool_allocator.available_size() == free0  # helper returned every slot
+
+
+def test_idle_batch_returns_empty_logits(model_dir):
+    from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+    r = ModelRunner(model_dir, max_total_tokens=64, disable_tqdm=True)
+    empty = torch.empty(0, dtype=torch.int64)
+    fb = ForwardBatch(ForwardMode.IDLE, 0, empty, empty, empty, empty, empty, [])
+    out = r.forward(fb)
+    assert tuple(out.next_token_logits.shape) == (0, r.model_config.vocab_size)

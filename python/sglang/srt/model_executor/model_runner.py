@@ -175,6 +175,10 @@ class ModelRunner:
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
+        if forward_batch.batch_size == 0 or forward_batch.num_tokens == 0:  # IDLE: nothing to run
+            empty = torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
+            return LogitsProcessorOutput(next_token_logits=empty,
+                                         full_logits=empty if forward_batch.return_full_logits else None)
         with torch.inference_mode():
             self.attn_backend.init_forward_metadata(forward_batch)
             return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
