@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import List, Optional
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,13 @@ class MooncakeTransferEngine:
         def _init():
             result.append(self.engine.initialize(hostname, "P2PHANDSHAKE", self.protocol, device_name))
 
+        # The binding may hold the GIL for the whole call, so also judge the elapsed time after the
+        # join: an initialisation that overran its deadline counts as failed either way.
+        start = time.monotonic()
         t = threading.Thread(target=_init, name="mooncake-init", daemon=True)
         t.start()
         t.join(timeout)
-        if t.is_alive():
+        if t.is_alive() or time.monotonic() - start > timeout:
             logger.error("Mooncake Transfer Engine initialization timed out after %ss.", timeout)
             raise RuntimeError("Mooncake Transfer Engine initialization failed.")
         if not result or result[0] != 0:

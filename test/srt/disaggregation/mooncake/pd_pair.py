@@ -1,0 +1,115 @@
+"""Test helper: a real prefill/decode pair in one process (bootstrap server, two Mooncake managers
+over loopback TCP, two real MHATokenToKVPools, metadata buffers, optional Mamba-style state)."""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Callable, List, Optional
+
+import numpy as np
+import torch
+
+from sglang.srt.disaggregation.base import get_kv_class, kv_args_from_pools
+from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
+from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.utils import get_free_port
+
+BACKEND = "mooncake_tcp"
+LAYERS = [0, 1, 3]  # a hybrid-like layer id list: buffers are addressed by position, not id
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def wait_poll(obj, wanted, timeout: float):
+    """Poll until the state is in `wanted` (a set); returns the last state."""
+    state = [obj.poll()]
+
+    def _check():
+        state[0] = obj.poll()
+        return state[0] in wanted
+
+    wait_for(_check, timeout)
+    return state[0]
+
+
+class Side:
+    def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0):
+        self.page_size = page_size
+        self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
+        self.metadata = MetadataBuffers(8)
+        self.state: Optional[List[torch.Tensor]] = None
+        if with_state:  # conv-like and ssm-like per-slot tensors, slot = dim 0
+            self.state = [torch.zeros(6, 3, 4, dtype=torch.float32), torch.zeros(6, 2, 4, 4, dtype=torch.bfloat16)]
+        if mode == DisaggregationMode.PREFILL:
+            g = torch.Generator().manual_seed(seed)
+            for b in self.pool.k_buffer + self.pool.v_buffer:
+                b.copy_(torch.randn(b.shape, generator=g).to(b.dtype))
+            for t in self.state or []:
+                t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+        self.kv_args = kv_args_from_pools(self.pool, self.metadata, page_size, mamba_pool=self.state)
+        self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
+
+    def page(self, buf_idx: int, page: int) -> torch.Tensor:
+        bufs = self.pool.k_buffer + self.pool.v_buffer
+        return bufs[buf_idx][page * self.page_size : (page + 1) * self.page_size]
+
+    @property
+    def num_buffers(self) -> int:
+        return len(self.pool.k_buffer) * 2
+
+
+class PDPair:
+    def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None):
+        self.port = get_free_port()
+        self.server = KVBootstrapServer("127.0.0.1", self.port)
+        self.server_args = types.SimpleNamespace(
+            host="127.0.0.1", disaggregation_bootstrap_port=self.port, disaggregation_transfer_backend=BACKEND, tp_size=1
+        )
+        self.bootstrap_addr = f"127.0.0.1:{self.port}"
+        self.prefill = Side(DisaggregationMode.PREFILL, self.server_args, page_size, num_pages, with_state=with_state)
+        self.decode = Side(
+            DisaggregationMode.DECODE, self.server_args, decode_page_size or page_size, num_pages, head_dim=decode_head_dim, with_state=with_state
+        )
+        self._closed = False
+
+    def sender(self, room: int):
+        return get_kv_class(BACKEND, KVClassType.SENDER)(self.prefill.manager, self.bootstrap_addr, room)
+
+    def receiver(self, room: int, addr: Optional[str] = None):
+        return get_kv_class(BACKEND, KVClassType.RECEIVER)(self.decode.manager, addr or self.bootstrap_addr, room)
+
+    def bootstrapped_pair(self, room: int, dst_pages, aux_index: int, state_indices=None, timeout: float = 10.0):
+        """Sender + receiver with the decode metadata delivered (sender in WaitingForInput)."""
+        snd = self.sender(room)
+        rcv = self.receiver(room)
+        rcv.init(0)
+        assert wait_poll(rcv, {KVPoll.WaitingForInput, KVPoll.Failed}, timeout) == KVPoll.WaitingForInput
+        rcv.send_metadata(np.asarray(dst_pages, dtype=np.int32), aux_index, state_indices)
+        assert wait_poll(snd, {KVPoll.WaitingForInput, KVPoll.Failed}, timeout) == KVPoll.WaitingForInput
+        return snd, rcv
+
+    def close_prefill(self):
+        self.prefill.manager.close()
+        self.server.close()
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self.close_prefill()
+        self.decode.manager.close()
+
+
+def random_pages(rng: np.random.Generator, num_pages: int, n: int, exclude=()) -> np.ndarray:
+    """n distinct non-padding pages (page 0 is the pool's padding page), shuffled so runs are rare but possible."""
+    candidates = np.array([p for p in range(1, num_pages + 1) if p not in set(exclude)])
+    return rng.choice(candidates, size=n, replace=False).astype(np.int32)

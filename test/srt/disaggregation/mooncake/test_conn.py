@@ -1,0 +1,167 @@
+"""Mooncake KV manager/sender/receiver in one process over real loopback TCP (Mooncake engine, ZMQ,
+bootstrap HTTP server): several concurrent requests, page sizes 1 and 16, non-contiguous pages,
+metadata rows, chunked sends, Mamba-style state slots, layout mismatch errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from pd_pair import PDPair, random_pages, wait_poll
+from sglang.srt.disaggregation.utils import KVPoll, kv_to_page_indices
+
+DONE = {KVPoll.Success, KVPoll.Failed}
+
+
+@pytest.fixture(scope="module", params=[1, 16])
+def pair(request):
+    p = PDPair(page_size=request.param, num_pages=64)
+    yield p
+    p.close()
+
+
+def _assert_pages_equal(pair, src_pages, dst_pages):
+    for b in range(pair.prefill.num_buffers):
+        for s, d in zip(src_pages.tolist(), dst_pages.tolist()):
+            assert torch.equal(pair.decode.page(b, d), pair.prefill.page(b, s)), (b, s, d)
+
+
+def test_several_requests_pages_and_metadata(pair):
+    rng = np.random.default_rng(pair.prefill.page_size)
+    ps = pair.prefill.page_size
+    token_counts = [1, 3 * ps + 1, 9 * ps]  # partial last pages included
+    used_src, used_dst, reqs = [], [], []
+    for i, ntok in enumerate(token_counts):
+        n_pages = -(-ntok // ps)
+        src = random_pages(rng, 64, n_pages, exclude=used_src)
+        dst = random_pages(rng, 64, n_pages, exclude=used_dst)
+        used_src += src.tolist()
+        used_dst += dst.tolist()
+        room = 1000 + 10 * ps + i
+        snd, rcv = pair.bootstrapped_pair(room, dst, aux_index=i + 1)
+        reqs.append((room, snd, rcv, src, dst))
+    for i, (room, snd, rcv, src, dst) in enumerate(reqs):
+        pair.prefill.metadata.set_buf(
+            i, output_id=500 + i, cached_tokens=i, output_token_logprob_val=-0.5 * i,
+            top_logprobs_val=[-0.5 * i, -2.0], top_logprobs_idx=[500 + i, 3], bootstrap_room=room,
+        )
+        snd.init(len(src), aux_index=i)
+        snd.send(src)
+    for i, (room, snd, rcv, src, dst) in enumerate(reqs):
+        assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+        assert wait_poll(snd, DONE, 10) == KVPoll.Success
+        _assert_pages_equal(pair, src, dst)
+        assert pair.decode.metadata.get_buf(i + 1) == pair.prefill.metadata.get_buf(i)
+        assert pair.decode.metadata.get_buf(i + 1).bootstrap_room == room
+        metric = snd.get_transfer_metric()
+        bytes_per_page = sum(pair.prefill.kv_args.kv_item_lens)
+        assert metric.transfer_total_bytes == len(src) * bytes_per_page + sum(pair.prefill.kv_args.aux_item_lens)
+        snd.clear()
+        rcv.clear()
+    # pages no request targeted are untouched on decode
+    untouched = [p for p in range(1, 65) if p not in used_dst][:5]
+    for b in range(pair.decode.num_buffers):
+        for p in untouched:
+            assert not pair.decode.page(b, p).any()
+
+
+def test_chunked_send(pair):
+    """Two send() calls; the first ends on a page boundary; Success only after the last one."""
+    ps = pair.prefill.page_size
+    rng = np.random.default_rng(100 + ps)
+    # prefill pages from a real token->slot map, as the scheduler computes them
+    src = random_pages(rng, 64, 6)
+    slots = torch.cat([torch.arange(p * ps, p * ps + ps) for p in src.tolist()])[: 5 * ps + 1]
+    assert kv_to_page_indices(slots, ps).tolist() == src.tolist()
+    dst = random_pages(rng, 64, 6)
+    room = 2000 + ps
+    snd, rcv = pair.bootstrapped_pair(room, dst, aux_index=5)
+    pair.prefill.metadata.set_buf(4, output_id=77, bootstrap_room=room)
+    snd.init(len(src), aux_index=4)
+    snd.send(src[:4])
+    # the first chunk alone never concludes the request
+    assert wait_poll(rcv, DONE, 0.5) == KVPoll.Transferring
+    assert snd.poll() == KVPoll.Transferring
+    snd.send(src[4:])
+    assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+    assert wait_poll(snd, DONE, 10) == KVPoll.Success
+    _assert_pages_equal(pair, src, dst)
+    assert pair.decode.metadata.get_buf(5).output_id == 77
+
+
+def test_metadata_before_sender_exists(pair):
+    """Decode may be faster than prefill: metadata arriving before the sender is built is kept."""
+    ps = pair.prefill.page_size
+    src, dst = np.array([7, 8], np.int32), np.array([30, 2], np.int32)
+    room = 3000 + ps
+    rcv = pair.receiver(room)
+    rcv.init(0)
+    assert wait_poll(rcv, {KVPoll.WaitingForInput, KVPoll.Failed}, 10) == KVPoll.WaitingForInput
+    rcv.send_metadata(dst, 6)
+    snd = pair.sender(room)
+    assert wait_poll(snd, {KVPoll.WaitingForInput, KVPoll.Failed}, 10) == KVPoll.WaitingForInput
+    snd.init(2, aux_index=6)
+    snd.send(src)
+    assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+    _assert_pages_equal(pair, src, dst)
+
+
+def test_metadata_before_bootstrap_resolved(pair):
+    """send_metadata right after init() (before the route is resolved) is delivered once resolved."""
+    ps = pair.prefill.page_size
+    src, dst = np.array([11], np.int32), np.array([12], np.int32)
+    room = 3500 + ps
+    snd = pair.sender(room)
+    rcv = pair.receiver(room)
+    rcv.init(0)
+    rcv.send_metadata(dst, 7)
+    assert wait_poll(snd, {KVPoll.WaitingForInput, KVPoll.Failed}, 10) == KVPoll.WaitingForInput
+    snd.init(1, aux_index=7)
+    snd.send(src)
+    assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+    _assert_pages_equal(pair, src, dst)
+
+
+def test_mamba_state_slot_transfer():
+    p = PDPair(page_size=4, num_pages=16, with_state=True)
+    try:
+        src, dst = np.array([3, 4], np.int32), np.array([9, 1], np.int32)
+        snd, rcv = p.bootstrapped_pair(42, dst, aux_index=0, state_indices=[[5]])
+        p.prefill.metadata.set_buf(1, output_id=9, bootstrap_room=42)
+        snd.init(2, aux_index=1)
+        snd.send(src, state_indices=[2])  # a flat list is accepted for a single state type
+        assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+        for t_src, t_dst in zip(p.prefill.state, p.decode.state):
+            assert torch.equal(t_dst[5], t_src[2])
+            assert not t_dst[[0, 1, 2, 3, 4]].any()  # only the target slot was written
+        _assert_pages_equal(p, src, dst)
+        assert p.decode.metadata.get_buf(0).output_id == 9
+    finally:
+        p.close()
+
+
+def test_kv_layout_mismatch_fails_both_sides_with_reason():
+    p = PDPair(page_size=1, num_pages=8, decode_head_dim=4)
+    try:
+        snd, rcv = p.bootstrapped_pair(77, [1, 2], aux_index=0)
+        snd.init(2, aux_index=0)
+        snd.send(np.array([1, 2], np.int32))
+        assert wait_poll(rcv, DONE, 10) == KVPoll.Failed
+        assert wait_poll(snd, DONE, 10) == KVPoll.Failed
+        with pytest.raises(Exception, match=r"KV item length mismatch for buffer 0 \(src=32, dst=16\)"):
+            rcv.failure_exception()
+        with pytest.raises(Exception, match="KV item length mismatch"):
+            snd.failure_exception()
+    finally:
+        p.close()
+
+
+def test_page_size_mismatch_fails_at_bootstrap():
+    p = PDPair(page_size=4, num_pages=8, decode_page_size=8)
+    try:
+        rcv = p.receiver(5)
+        rcv.init(0)
+        assert wait_poll(rcv, DONE, 10) == KVPoll.Failed
+        with pytest.raises(Exception, match="Prefill page_size 4 does not match decode page_size 8"):
+            rcv.failure_exception()
+    finally:
+        p.close()
