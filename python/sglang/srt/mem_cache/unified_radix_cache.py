@@ -52,7 +52,8 @@ request owns (positions >= cache_protected_len) and whole pages. The tree notice
 slots on insert (tombstones) and takes over a request's SWA slots to revive tombstones.
 
 A disabled cache (`--disable-radix-cache`) is this class with `disable=True`: match returns
-nothing, insert does nothing, a finished request frees all its KV.
+nothing, insert does nothing, cache_unfinished_req only sets prefix_indices to the computed
+slots (the request keeps owning all of them), a finished request frees all its KV.
 """
 
 from __future__ import annotations
