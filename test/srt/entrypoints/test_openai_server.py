@@ -1,0 +1,285 @@
+"""The OpenAI-compatible API of a real server subprocess, driven by the official `openai`
+client: completions, chat (template from the tokenizer), streaming with usage, n, stop,
+logprobs, SGLang extensions, models, upstream's error bodies, and router-added fields.
+
+Greedy outputs and logprobs are checked against HF transformers on the same tiny model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from sglang.test.server_utils import find_free_port, hf_greedy_reference, popen_launch_server, stop_server
+from sglang.test.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.server
+
+openai = pytest.importorskip("openai")
+
+CONTEXT_LEN = 2048
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the capital of France?"}]
+NO_EOS = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2")
+    port = find_free_port()
+    log = str(tmp_path_factory.mktemp("log") / "server.log")
+    proc = popen_launch_server(model, port, ["--max-total-tokens", "4096", "--served-model-name", "tiny-test"],
+                               log_path=log)
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield {"url": url, "model": model, "client": client}
+    client.close()
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server["model"])
+
+
+@pytest.fixture(scope="module")
+def chat_prompt_ids(tokenizer):
+    return tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False)
+
+
+# ------------------------------------------------------------------------------------ completions
+
+
+def test_completion_matches_hf_greedy(server, tokenizer):
+    c = server["client"].completions.create(model="tiny-test", prompt="The capital of France is", max_tokens=8,
+                                            temperature=0, extra_body=NO_EOS)
+    ref_ids, _, _ = hf_greedy_reference(server["model"], tokenizer.encode("The capital of France is"), 8)
+    assert c.object == "text_completion" and c.model == "tiny-test"
+    assert c.choices[0].text == tokenizer.decode(ref_ids)
+    assert c.choices[0].finish_reason == "length"
+    assert c.usage.prompt_tokens == len(tokenizer.encode("The capital of France is"))
+    assert c.usage.completion_tokens == 8 and c.usage.total_tokens == c.usage.prompt_tokens + 8
+    assert c.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_completion_default_max_tokens_is_16(server):
+    c = server["client"].completions.create(model="tiny-test", prompt="Hello", temperature=0, extra_body=NO_EOS)
+    assert c.usage.completion_tokens == 16
+
+
+def test_completion_token_prompt_batch_and_echo(server, tokenizer):
+    prompts = [[1, 504, 3458], [1, 9, 42, 77]]
+    c = server["client"].completions.create(model="tiny-test", prompt=prompts, max_tokens=4, temperature=0,
+                                            extra_body=NO_EOS)
+    assert [ch.index for ch in c.choices] == [0, 1]
+    for ids, ch in zip(prompts, c.choices):
+        ref_ids, _, _ = hf_greedy_reference(server["model"], ids, 4)
+        assert ch.text == tokenizer.decode(ref_ids)
+    e = server["client"].completions.create(model="tiny-test", prompt="Echo this", max_tokens=3, temperature=0,
+                                            echo=True, extra_body=NO_EOS)
+    assert e.choices[0].text.startswith("Echo this") and len(e.choices[0].text) > len("Echo this")
+
+
+def test_completion_logprobs_match_hf(server, tokenizer):
+    prompt_ids = tokenizer.encode("Logprobs please")
+    c = server["client"].completions.create(model="tiny-test", prompt="Logprobs please", max_tokens=5, temperature=0,
+                                            logprobs=3, extra_body=NO_EOS)
+    ref_ids, ref_lps, ref_tops = hf_greedy_reference(server["model"], prompt_ids, 5, top_k=3)
+    lp = c.choices[0].logprobs
+    assert lp.tokens == [tokenizer.decode([t]) for t in ref_ids]
+    assert lp.token_logprobs == pytest.approx(ref_lps, abs=2e-3)
+    assert len(lp.top_logprobs) == 5
+    for got, ref in zip(lp.top_logprobs, ref_tops):
+        assert len(got) == 3
+        assert sorted(got.values(), reverse=True) == pytest.approx([v for v, _ in ref], abs=2e-3)
+
+
+def test_completion_stream_with_usage(server):
+    client = server["client"]
+    whole = client.completions.create(model="tiny-test", prompt="Stream me", max_tokens=10, temperature=0,
+                                      extra_body=NO_EOS)
+    chunks = list(client.completions.create(model="tiny-test", prompt="Stream me", max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}, extra_body=NO_EOS))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text == whole.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_completion_stop_string(server, tokenizer):
+    client = server["client"]
+    full = client.completions.create(model="tiny-test", prompt="Stop test", max_tokens=12, temperature=0,
+                                     extra_body=NO_EOS).choices[0].text
+    ids = tokenizer.encode(full, add_special_tokens=False)
+    stop = tokenizer.decode(ids[4:6])
+    assert stop and stop in full
+    c = client.completions.create(model="tiny-test", prompt="Stop test", max_tokens=12, temperature=0, stop=[stop],
+                                  extra_body=NO_EOS)
+    assert c.choices[0].finish_reason == "stop"
+    assert c.choices[0].text == full[: full.find(stop)]
+    assert c.choices[0].model_extra["matched_stop"] == stop
+
+
+# ------------------------------------------------------------------------------------ chat
+
+
+def test_chat_matches_hf_greedy(server, tokenizer, chat_prompt_ids):
+    c = server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=8, temperature=0,
+                                                 extra_body=NO_EOS)
+    ref_ids, _, _ = hf_greedy_reference(server["model"], chat_prompt_ids, 8)
+    assert c.object == "chat.completion"
+    assert c.choices[0].message.role == "assistant"
+    assert c.choices[0].message.content == tokenizer.decode(ref_ids, skip_special_tokens=True)
+    assert c.usage.prompt_tokens == len(chat_prompt_ids)
+    assert c.usage.completion_tokens == 8
+
+
+def test_chat_max_completion_tokens_wins(server):
+    c = server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_completion_tokens=3,
+                                                 temperature=0, extra_body=NO_EOS)
+    assert c.usage.completion_tokens == 3 and c.choices[0].finish_reason == "length"
+
+
+def test_chat_stream_with_usage(server):
+    client = server["client"]
+    whole = client.chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=10, temperature=0,
+                                           extra_body=NO_EOS)
+    chunks = list(client.chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body=NO_EOS))
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == whole.choices[0].message.content
+    assert with_choices[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_chat_stream_without_usage_has_none(server):
+    chunks = list(server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=3,
+                                                           temperature=0, stream=True))
+    assert all(c.usage is None for c in chunks)
+
+
+def test_chat_n2_seeded_sampling(server):
+    client = server["client"]
+    kw = dict(model="tiny-test", messages=MESSAGES, max_tokens=6, temperature=1.0, n=2, seed=1234, extra_body=NO_EOS)
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert [ch.index for ch in a.choices] == [0, 1]
+    assert a.usage.completion_tokens == 12
+    assert [ch.message.content for ch in a.choices] == [ch.message.content for ch in b.choices]
+    streamed = list(client.chat.completions.create(stream=True, **kw))
+    by_index = {}
+    for c in streamed:
+        for ch in c.choices:
+            by_index[ch.index] = by_index.get(ch.index, "") + (ch.delta.content or "")
+    assert sorted(by_index) == [0, 1]
+
+
+def test_chat_logprobs_match_hf(server, tokenizer, chat_prompt_ids):
+    c = server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=4, temperature=0,
+                                                 logprobs=True, top_logprobs=2, extra_body=NO_EOS)
+    ref_ids, ref_lps, ref_tops = hf_greedy_reference(server["model"], chat_prompt_ids, 4, top_k=2)
+    content = c.choices[0].logprobs.content
+    assert [t.token for t in content] == [tokenizer.decode([i]) for i in ref_ids]
+    assert [t.logprob for t in content] == pytest.approx(ref_lps, abs=2e-3)
+    for t, ref in zip(content, ref_tops):
+        assert t.bytes == list(t.token.encode())
+        assert [x.logprob for x in t.top_logprobs] == pytest.approx([v for v, _ in ref], abs=2e-3)
+
+
+def test_chat_sglang_extensions(server):
+    c = server["client"].chat.completions.create(
+        model="tiny-test", messages=MESSAGES, max_tokens=5, temperature=0.7, top_p=0.9, frequency_penalty=0.5,
+        presence_penalty=0.2, extra_body={"top_k": 5, "min_p": 0.01, "repetition_penalty": 1.1, "min_tokens": 5,
+                                          "no_stop_trim": True, "skip_special_tokens": False})
+    assert c.usage.completion_tokens == 5
+
+
+def test_chat_accepts_router_fields(server):
+    body = {"model": "tiny-test", "messages": MESSAGES, "max_completion_tokens": 3, "temperature": 0,
+            "logprobs": False, "no_stop_trim": False, "ignore_eos": True, "continue_final_message": False,
+            "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
+            "return_hidden_states": False, "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
+            "unknown_future_field": {"x": 1}}
+    r = requests.post(server["url"] + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    body = {"model": "tiny-test", "prompt": "Hi", "max_tokens": 2, "echo": False, "no_stop_trim": False,
+            "ignore_eos": True, "skip_special_tokens": True, "return_hidden_states": False, "bootstrap_room": None}
+    r = requests.post(server["url"] + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def _error_body(r, code=400):
+    assert r.status_code == code, r.text
+    body = r.json()
+    assert set(body) == {"object", "message", "type", "param", "code"}
+    assert body["object"] == "error" and body["code"] == code and body["param"] is None
+    return body
+
+
+def test_invalid_sampling_value_is_400(server):
+    with pytest.raises(openai.BadRequestError):
+        server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, temperature=-1)
+    r = requests.post(server["url"] + "/v1/completions", json={"prompt": "Hi", "top_p": 1.5}, timeout=30)
+    body = _error_body(r)
+    assert body["type"] == "BadRequestError"
+    assert body["message"] == "top_p must be in (0, 1], got 1.5."
+
+
+def test_prompt_too_long_is_400(server):
+    r = requests.post(server["url"] + "/v1/completions", json={"prompt": [7] * (CONTEXT_LEN + 5)}, timeout=30)
+    assert "context length" in _error_body(r)["message"]
+    r = requests.post(server["url"] + "/v1/chat/completions", timeout=30,
+                      json={"messages": [{"role": "user", "content": "x " * (CONTEXT_LEN + 5)}], "stream": True})
+    assert "context length" in _error_body(r)["message"]
+
+
+def test_malformed_json_and_missing_fields_are_400(server):
+    r = requests.post(server["url"] + "/v1/chat/completions", data=b"{not json", timeout=30,
+                      headers={"Content-Type": "application/json"})
+    assert _error_body(r)["type"] == "Bad Request"
+    r = requests.post(server["url"] + "/v1/chat/completions", json={"model": "tiny-test"}, timeout=30)
+    assert "messages" in _error_body(r)["message"]
+    r = requests.post(server["url"] + "/v1/chat/completions", json={"messages": []}, timeout=30)
+    assert "Messages cannot be empty" in _error_body(r)["message"]
+    r = requests.post(server["url"] + "/v1/completions", json={"prompt": ""}, timeout=30)
+    assert _error_body(r)["message"] == "Prompt cannot be empty"
+
+
+@pytest.mark.parametrize("extra", [{"regex": "[a-z]+"}, {"json_schema": "{}"}, {"ebnf": "root ::= \"a\""},
+                                   {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                               "schema": {}}}},
+                                   {"response_format": {"type": "json_object"}}])
+def test_structured_output_rejected_clearly(server, extra):
+    with pytest.raises(openai.BadRequestError) as e:
+        server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=2, extra_body=extra)
+    assert "not supported by this server yet" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def test_models(server):
+    models = server["client"].models.list()
+    assert [m.id for m in models.data] == ["tiny-test"]
+    assert models.data[0].owned_by == "sglang"
+    assert models.data[0].model_extra["max_model_len"] == CONTEXT_LEN
+    assert server["client"].models.retrieve("tiny-test").id == "tiny-test"
+
+
+def test_unknown_model_is_404_as_upstream(server):
+    r = requests.get(server["url"] + "/v1/models/no-such-model", timeout=30)
+    assert r.status_code == 404
+    assert r.json() == {"error": {"message": "The model 'no-such-model' does not exist",
+                                  "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+    with pytest.raises(openai.NotFoundError):
+        server["client"].models.retrieve("no-such-model")
