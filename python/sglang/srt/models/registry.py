@@ -13,6 +13,8 @@ _MODELS: Dict[str, tuple] = {
     "LlamaForCausalLM": ("sglang.srt.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM"),
+    "NemotronHForCausalLM": ("sglang.srt.models.nemotron_h", "NemotronHForCausalLM"),
+    "FalconH1ForCausalLM": ("sglang.srt.models.falcon_h1", "FalconH1ForCausalLM"),
 }
 
 

@@ -1,0 +1,239 @@
+"""NemotronH (NVIDIA Nemotron-H / Nemotron-Nano-v2): a stack of single-mixer blocks, each
+`h = h + mixer(RMSNorm(h))`, where the mixer is chosen per layer by the config's pattern:
+
+    'M' Mamba2 (linear_attention)   '*' attention (full_attention, no rotary embedding)
+    '-' MLP (up/down, relu2)         'E' MoE (not supported here: a clear error)
+
+The pattern is `hybrid_override_pattern` in NVIDIA's configs; transformers 5 writes it as
+`layers_block_type` (["linear_attention", "full_attention", "mlp", "moe"]); both are read.
+Checkpoints name the body `backbone.` (HF in memory: `model.`); both load. The LM head is never
+tied to the embedding (HF NemotronH declares no tied weights).
+
+Only attention layers own KV (`ModelConfig.attention_layer_ids`); the Mamba2 layers keep their
+state in the runner's `MambaPool` (see `mamba_layer_ids` / `mamba_state_shapes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.linear import QKVParallelLinear, ReplicatedLinear, default_weight_loader
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.mamba.mamba_mixer2 import Mamba2Metadata, MambaMixer2
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+_TYPE_TO_CHAR = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
+                 "mlp": "-", "moe": "E"}
+
+
+def nemotron_h_pattern(config: Any) -> str:
+    """The per-layer pattern ('M', '*', '-', 'E') from an HF config object or dict."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    types = get("layers_block_type", None)
+    if types:
+        try:
+            return "".join(_TYPE_TO_CHAR[t] for t in types)
+        except KeyError as e:
+            raise ValueError(f"NemotronH: unknown layer type {e.args[0]!r} in layers_block_type") from None
+    pattern = get("hybrid_override_pattern", None)
+    if pattern:
+        return str(pattern)
+    raise ValueError("NemotronH config has neither `layers_block_type` nor `hybrid_override_pattern`")
+
+
+class NemotronHRMSNorm(nn.Module):
+    """RMSNorm with the weight multiplied in fp32 before the cast back (HF NemotronHRMSNorm)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(torch.relu(x))
+
+
+_MLP_ACTS = {"relu2": _relu2, "relu": torch.relu, "silu": nn.functional.silu,
+             "gelu": nn.functional.gelu}
+
+
+class NemotronHMLP(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        act = getattr(config, "mlp_hidden_act", "relu2")
+        if act not in _MLP_ACTS:
+            raise NotImplementedError(f"NemotronH mlp_hidden_act {act!r} is not supported")
+        self.act = _MLP_ACTS[act]
+        self.up_proj = ReplicatedLinear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = ReplicatedLinear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor, forward_batch=None, meta=None) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class NemotronHAttention(nn.Module):
+    """Plain GQA attention: no rotary embedding (NemotronH's position signal comes from Mamba)."""
+
+    def __init__(self, config: Any, layer_id: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
+        self.o_proj = ReplicatedLinear(self.q_size, config.hidden_size, bias=bias)
+        self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads,
+                                   layer_id=layer_id)
+
+    def forward(self, x: torch.Tensor, forward_batch, meta=None) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous(), forward_batch))
+
+
+def _mamba_mixer(config: Any, mamba_layer_idx: int) -> MambaMixer2:
+    n_heads, head_dim = config.mamba_num_heads, config.mamba_head_dim
+    return MambaMixer2(
+        hidden_size=config.hidden_size,
+        num_heads=n_heads,
+        head_dim=head_dim,
+        ssm_state_size=config.ssm_state_size,
+        conv_kernel_size=config.conv_kernel,
+        n_groups=config.n_groups,
+        mamba_layer_idx=mamba_layer_idx,
+        chunk_size=config.chunk_size,
+        use_conv_bias=bool(config.use_conv_bias),
+        in_proj_bias=bool(getattr(config, "use_bias", False)),
+        out_proj_bias=bool(getattr(config, "use_bias", False)),
+        activation=getattr(config, "mamba_hidden_act", "silu"),
+        rms_norm=True,
+        norm_before_gate=False,
+        norm_eps=config.layer_norm_epsilon,
+        # HF NemotronH: the scan clamps dt to (time_step_min, inf); the decode step does not.
+        prefill_dt_limit=(float(getattr(config, "time_step_min", 0.0)), float("inf")),
+        decode_dt_limit=None,
+    )
+
+
+class NemotronHBlock(nn.Module):
+    def __init__(self, config: Any, layer_id: int, kind: str, mamba_layer_idx: int):
+        super().__init__()
+        self.kind = kind
+        self.norm = NemotronHRMSNorm(config.hidden_size, config.layer_norm_epsilon)
+        if kind == "M":
+            self.mixer = _mamba_mixer(config, mamba_layer_idx)
+        elif kind == "*":
+            self.mixer = NemotronHAttention(config, layer_id)
+        elif kind == "-":
+            self.mixer = NemotronHMLP(config)
+        elif kind == "E":
+            raise NotImplementedError(
+                f"NemotronH layer {layer_id} is a MoE block ('E'); MoE NemotronH models are not supported yet"
+            )
+        else:
+            raise ValueError(f"NemotronH: unknown block type {kind!r} at layer {layer_id}")
+
+    def forward(self, hidden_states: torch.Tensor, forward_batch, meta) -> torch.Tensor:
+        residual = hidden_states
+        return residual + self.mixer(self.norm(hidden_states), forward_batch, meta)
+
+
+class NemotronHModel(nn.Module):
+    def __init__(self, config: Any, pattern: str):
+        super().__init__()
+        self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        blocks, m = [], 0
+        for i, kind in enumerate(pattern):
+            blocks.append(NemotronHBlock(config, i, kind, m))
+            m += kind == "M"
+        self.layers = nn.ModuleList(blocks)
+        self.norm_f = NemotronHRMSNorm(config.hidden_size, config.layer_norm_epsilon)
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None) -> torch.Tensor:
+        h = self.embeddings(input_ids) if input_embeds is None else input_embeds
+        meta = Mamba2Metadata.from_forward_batch(forward_batch) if any(b.kind == "M" for b in self.layers) else None
+        for block in self.layers:
+            h = block(h, forward_batch, meta)
+        return self.norm_f(h)
+
+
+class NemotronHForCausalLM(nn.Module):
+    stacked_params_mapping: List[Tuple[str, str, Any]] = [
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+    ]
+
+    def __init__(self, config: Any, model_config=None):
+        super().__init__()
+        self.config = config
+        self.model_config = model_config
+        self.pattern = nemotron_h_pattern(config)
+        self.backbone = NemotronHModel(config, self.pattern)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.logits_processor = LogitsProcessor(config)
+        self.mamba_layer_ids = [i for i, c in enumerate(self.pattern) if c == "M"]
+
+    def mamba_state_shapes(self):
+        """(conv_state shape, ssm_state shape) of one slot of one Mamba2 layer."""
+        mixer = self.backbone.layers[self.mamba_layer_ids[0]].mixer
+        return mixer.conv_state_shape, mixer.ssm_state_shape
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None) -> LogitsProcessorOutput:
+        h = self.backbone(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, h, self.lm_head, forward_batch)
+
+    @staticmethod
+    def _canonical(name: str) -> Optional[str]:
+        if name.startswith("mtp.") or ".mtp." in name:
+            return None  # multi-token-prediction head: not used
+        if name.startswith("model."):
+            name = "backbone." + name[len("model."):]
+        return name
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            name = self._canonical(name)
+            if name is None:
+                continue
+            for merged, frag, shard in self.stacked_params_mapping:
+                if frag not in name:
+                    continue
+                target = name.replace(frag, merged)
+                if target not in params:
+                    continue
+                self.get_submodule(target.rsplit(".", 1)[0]).weight_loader(params[target], tensor, shard)
+                loaded.add(f"{target}:{shard}")
+                break
+            else:
+                if name not in params:
+                    continue
+                default_weight_loader(params[name], tensor)
+                loaded.add(name)
+        return loaded
+
+    def expected_weight_keys(self) -> set:
+        out = set()
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name:
+                out.update(f"{name}:{s}" for s in ("q", "k", "v"))
+            else:
+                out.add(name)
+        return out
+
+
+EntryClass = NemotronHForCausalLM
