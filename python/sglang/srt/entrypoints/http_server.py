@@ -463,9 +463,14 @@ def launch_server(server_args) -> None:
 def _serve(app: FastAPI, server_args, state: ServerState) -> None:
     import uvicorn
 
+    drain_s = float(os.environ.get("SGLANG_SHUTDOWN_DRAIN_TIMEOUT", "3"))
+
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            state.status = ServerStatus.ShuttingDown  # /health turns 503 at once
+            # Runs in the main thread, which is the event loop's thread.
+            if state.status != ServerStatus.ShuttingDown:
+                state.status = ServerStatus.ShuttingDown  # /health turns 503 at once
+                asyncio.get_event_loop().call_soon_threadsafe(lambda: asyncio.ensure_future(_drain(state, drain_s)))
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
@@ -474,10 +479,22 @@ def _serve(app: FastAPI, server_args, state: ServerState) -> None:
         port=server_args.port,
         log_level=(getattr(server_args, "log_level_http", None) or server_args.log_level or "info").lower(),
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=drain_s + 3,
         loop="uvloop",
     )
     _Server(config).run()
+
+
+async def _drain(state: ServerState, timeout: float) -> None:
+    """On shutdown, in-flight requests get `timeout` seconds to finish; the rest are aborted so
+    that their clients get a final chunk (finish_reason abort) instead of a cut connection."""
+    tm = state.tokenizer_manager
+    deadline = time.time() + timeout
+    while tm.rid_to_state and time.time() < deadline:
+        await asyncio.sleep(0.05)
+    if tm.rid_to_state:
+        logger.info("Aborting %d unfinished request(s) for shutdown.", len(tm.rid_to_state))
+        tm.abort_request(abort_all=True)
 
 
 def _close_zmq(tm) -> None:
