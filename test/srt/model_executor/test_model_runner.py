@@ -103,3 +103,22 @@ def test_idle_batch_returns_empty_logits(model_dir):
     fb = ForwardBatch(ForwardMode.IDLE, 0, empty, empty, empty, empty, empty, [])
     out = r.forward(fb)
     assert tuple(out.next_token_logits.shape) == (0, r.model_config.vocab_size)
+
+
+def test_hybrid_swa_pool_is_opt_in(model_dir, caplog):
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True)
+    assert not r.is_hybrid_swa and isinstance(r.token_to_kv_pool, MHATokenToKVPool)
+    with caplog.at_level(logging.INFO):
+        r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True,
+                        enable_hybrid_swa_memory=True)
+    assert r.is_hybrid_swa and isinstance(r.token_to_kv_pool, SWAKVPool)
+    assert r.swa_max_total_num_tokens == 128  # 0.8 x 160, page-aligned down
+    assert r.token_to_kv_pool.swa_layer_ids == [0, 2] and r.token_to_kv_pool.full_layer_ids == [1, 3]
+    assert "[full] KV Cache is allocated. #tokens: 160" in caplog.text
+    assert "[swa] KV Cache is allocated. #tokens: 128" in caplog.text
+    r = ModelRunner(model_dir, max_total_tokens=160, disable_tqdm=True, enable_hybrid_swa_memory=True,
+                    disable_hybrid_swa_memory=True)
+    assert not r.is_hybrid_swa

@@ -77,3 +77,47 @@ def test_window_actually_matters(swa_dir, hf_swa):
     ours = our_logits(runner, prompt, [])
     assert (ours.prefill[:8] - ref.prefill[:8]).abs().max() < 1e-4  # inside the window: same
     assert (ours.prefill[20:] - ref.prefill[20:]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_qwen3_hybrid_swa_pool_reads_only_the_window(swa_dir, hf_swa, page_size):
+    """With a hybrid SWAKVPool, SWA slots of tokens that slid out of the window are freed
+    (their mapping reset to the padding slot) between forwards and the logits still match HF."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.test.runner_utils import ManualDriver
+
+    runner = ModelRunner(swa_dir, max_total_tokens=512, page_size=page_size, max_running_requests=4,
+                         disable_tqdm=True, enable_hybrid_swa_memory=True, swa_full_tokens_ratio=0.5)
+    assert runner.is_hybrid_swa and isinstance(runner.token_to_kv_pool, SWAKVPool)
+    assert runner.swa_max_total_num_tokens == 256
+    alloc = runner.token_to_kv_pool_allocator
+    # Hold a few SWA pages so that full and SWA slot numbers differ (translation is not identity).
+    held = alloc.swa_attn_allocator.alloc(3 * page_size)
+    window = 8
+    prompt = random_prompt(45, seed=30)
+    ref = hf_reference(hf_swa, prompt, 6)
+    drv = ManualDriver(runner)
+    req = drv.new_request(prompt)
+    freed = 0
+
+    def free_out_of_window():
+        nonlocal freed
+        # the next query (position kv_len) needs keys at positions >= kv_len + 1 - window
+        upto = max(0, req.kv_len + 1 - window) // page_size * page_size
+        if upto > freed:
+            alloc.free_swa(runner.req_to_token_pool.req_to_token[req.req_pool_idx, freed:upto].clone())
+            freed = upto
+
+    prefill = []
+    for start in range(0, len(prompt), 10):
+        free_out_of_window()
+        prefill.append(drv.extend([req], [prompt[start : start + 10]]).full_logits)
+    torch.testing.assert_close(torch.cat(prefill), ref.prefill, atol=1e-4, rtol=1e-4)
+    assert freed > 0
+    for step, tok in enumerate(ref.tokens):
+        free_out_of_window()
+        out = drv.decode([req], [tok]).next_token_logits[0]
+        torch.testing.assert_close(out, ref.decode[step], atol=1e-4, rtol=1e-4)
+    drv.free(req)
+    alloc.swa_attn_allocator.free(held)
+    assert alloc.full_available_size() == 512 and alloc.swa_available_size() == 256

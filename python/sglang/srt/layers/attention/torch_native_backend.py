@@ -6,15 +6,19 @@ used as given, so the result does not depend on whether they were saved. The mas
 sliding-window layers (`layer.sliding_window_size = W > 0`, HF convention) additionally keep
 only keys with position > query position - W, and only those keys are gathered.
 
-Decode: one query per request, batched: every request's KV indices are padded to the longest
-sequence of the batch (padding points at slot 0, the pool's padding page) and masked out.
+Decode: one query per request, batched: each request's visible KV slots (the whole sequence,
+or its last W positions for a sliding-window layer) are padded to the longest of the batch
+(padding points at slot 0, the pool's padding page) and masked out.
 
-Index tensors are built once per forward in `init_forward_metadata` and shared by all layers.
+Pools: a plain `MHATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
+in a separate pool addressed by translated slots (`pool.translate_loc_from_full_to_swa`);
+only in-window positions are read for those layers, so slots freed after sliding out of the
+window are never touched. Index tensors are built once per forward and shared by all layers.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,28 +26,46 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
+def _is_swa_pool_layer(pool, layer_id: int) -> bool:
+    is_swa = getattr(pool, "is_swa_layer", None)
+    return bool(is_swa is not None and is_swa(layer_id))
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, model_runner=None):
         self.device = getattr(model_runner, "device", "cpu") if model_runner is not None else "cpu"
         self._seq_kv_indices: List[torch.Tensor] = []
-        self._decode_kv_indices: Optional[torch.Tensor] = None
-        self._decode_positions: Optional[torch.Tensor] = None
+        self._forward_batch = None
+        # decode: (window, translate_to_swa) -> (slot indices [B, L], valid mask [B, L], last index [B])
+        self._decode_cache: Dict[Tuple[int, bool], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     # ---- metadata -----------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         rows = forward_batch.req_pool_indices.tolist()
-        seq_lens = forward_batch.seq_lens_cpu
-        self._seq_kv_indices = [req_to_token[r, :s] for r, s in zip(rows, seq_lens)]
-        if forward_batch.forward_mode.is_decode():
-            max_len = max(seq_lens) if seq_lens else 0
-            padded = torch.zeros((len(rows), max_len), dtype=torch.int64, device=req_to_token.device)
-            for i, idx in enumerate(self._seq_kv_indices):
-                padded[i, : idx.numel()] = idx
-            self._decode_kv_indices = padded
-            self._decode_positions = torch.arange(max_len, device=req_to_token.device)
-        else:
-            self._decode_kv_indices = None
+        self._seq_kv_indices = [req_to_token[r, :s] for r, s in zip(rows, forward_batch.seq_lens_cpu)]
+        self._forward_batch = forward_batch
+        self._decode_cache = {}
+
+    def _decode_indices(self, window: int, translate: bool, pool):
+        key = (window, translate)
+        if key not in self._decode_cache:
+            fb = self._forward_batch
+            req_to_token = fb.req_to_token_pool.req_to_token
+            dev = req_to_token.device
+            seq = fb.seq_lens.to(dev)
+            start = (seq - window).clamp(min=0) if window > 0 else torch.zeros_like(seq)
+            length = seq - start
+            max_len = int(length.max()) if length.numel() else 0
+            j = torch.arange(max_len, device=dev)[None, :]
+            valid = j < length[:, None]
+            pos = torch.minimum(start[:, None] + j, (seq - 1)[:, None])
+            rows = fb.req_pool_indices.to(dev)[:, None]
+            idx = torch.where(valid, req_to_token[rows, pos], torch.zeros_like(pos))
+            if translate:
+                idx = pool.translate_loc_from_full_to_swa(idx)
+            self._decode_cache[key] = (idx, valid, length - 1)
+        return self._decode_cache[key]
 
     # ---- extend -------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
@@ -51,6 +73,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        translate = _is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         T = q.shape[0]
         qh = q.view(T, hq, layer.qk_head_dim)
@@ -64,9 +87,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             if n == 0:
                 continue
             # Keys visible to any query of this request: [kv_lo, prefix + n).
-            kv_lo = max(0, prefix + 1 - window) if window > 0 else 0
-            kv_lo = min(kv_lo, prefix)
+            kv_lo = min(max(0, prefix + 1 - window), prefix) if window > 0 else 0
             pre_idx = self._seq_kv_indices[i][kv_lo:prefix]
+            if translate:
+                pre_idx = pool.translate_loc_from_full_to_swa(pre_idx)
             keys = torch.cat((k_buf[pre_idx].to(q.dtype), kh[start : start + n]), dim=0)
             vals = torch.cat((v_buf[pre_idx].to(q.dtype), vh[start : start + n]), dim=0)
             q_pos = torch.arange(prefix, prefix + n, device=q.device)
@@ -86,23 +110,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        translate = _is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         B = q.shape[0]
-        idx = self._decode_kv_indices  # [B, L]
+        idx, valid, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
         keys = k_buf[idx].to(q.dtype)  # [B, L, hkv, d]
         vals = v_buf[idx].to(q.dtype)
-        seq_lens = forward_batch.seq_lens.to(idx.device)
-        last = seq_lens - 1
         if not save_kv_cache:  # the new token's K/V are not in the pool: put them in place
             b = torch.arange(B, device=idx.device)
             keys[b, last] = k.view(B, hkv, layer.qk_head_dim).to(q.dtype)
             vals[b, last] = v.view(B, hkv, layer.v_head_dim).to(q.dtype)
-        pos = self._decode_positions[None, :]
-        mask = pos < seq_lens[:, None]
-        if layer.sliding_window_size > 0:
-            mask &= pos > (last[:, None] - layer.sliding_window_size)
         qh = q.view(B, hq, 1, layer.qk_head_dim)
-        o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), mask[:, None, None, :], layer)
+        o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), valid[:, None, None, :], layer)
         return o.reshape(B, hq * layer.v_head_dim)
 
 
