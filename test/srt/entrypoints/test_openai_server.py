@@ -18,6 +18,7 @@ pytestmark = pytest.mark.server
 openai = pytest.importorskip("openai")
 
 CONTEXT_LEN = 2048
+MAX_TOTAL_TOKENS = 1024  # below the context length: the scheduler's own input-length check is reachable
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the capital of France?"}]
 NO_EOS = {"ignore_eos": True}
 
@@ -27,7 +28,7 @@ def server(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2")
     port = find_free_port()
     log = str(tmp_path_factory.mktemp("log") / "server.log")
-    proc = popen_launch_server(model, port, ["--max-total-tokens", "4096", "--served-model-name", "tiny-test"],
+    proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--served-model-name", "tiny-test"],
                                log_path=log)
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -241,6 +242,19 @@ def test_prompt_too_long_is_400(server):
     r = requests.post(server["url"] + "/v1/chat/completions", timeout=30,
                       json={"messages": [{"role": "user", "content": "x " * (CONTEXT_LEN + 5)}], "stream": True})
     assert "context length" in _error_body(r)["message"]
+
+
+def test_scheduler_rejection_maps_to_400(server):
+    """Shorter than the context but longer than the KV pool: the scheduler aborts it with
+    status 400, which a non-streaming (and a not-yet-started streaming) response turns into
+    an HTTP 400."""
+    prompt = [7] * (MAX_TOTAL_TOKENS + 100)
+    for stream in (False, True):
+        r = requests.post(server["url"] + "/v1/completions", timeout=30,
+                          json={"prompt": prompt, "max_tokens": 4, "stream": stream})
+        body = _error_body(r)
+        assert body["type"] == "BadRequestError"
+        assert f"Input length ({len(prompt)} tokens) exceeds the maximum allowed length" in body["message"]
 
 
 def test_malformed_json_and_missing_fields_are_400(server):
