@@ -1,0 +1,181 @@
+"""NemotronHForCausalLM (Mamba2 + attention + MLP blocks) vs HF transformers, fp32, tiny random
+weights: logits of every prompt token and every decode step, with the Mamba2 state carried in
+MambaPool slots (SSD chunk of 8 tokens, so prompts span many chunks), chunked prefill, ragged
+batches with non-contiguous slots, and greedy tokens identical to HF's generate."""
+
+import pytest
+import torch
+
+from mamba_hybrid_driver import HybridDriver, hybrid_batch_logits, hybrid_greedy, hybrid_logits
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.test.hf_parity import assert_trace_close, hf_reference, load_hf_model, random_prompt
+from sglang.test.tiny_models import make_tiny_model
+
+N_DECODE = 6
+PATTERN = "M*M-M*-"
+
+
+@pytest.fixture(scope="module")
+def nemo_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("nemotron_h")), "nemotron_h", seed=1)
+
+
+@pytest.fixture(scope="module")
+def hf_nemo(nemo_dir):
+    return load_hf_model(nemo_dir)
+
+
+def _runner(path, page_size=1, **kw):
+    return ModelRunner(path, max_total_tokens=4096, page_size=page_size, max_running_requests=8,
+                       disable_tqdm=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def runner(nemo_dir):
+    return _runner(nemo_dir)
+
+
+def test_model_config_reads_transformers5_layers_block_type(nemo_dir):
+    # transformers 5 saves the pattern as `layers_block_type` (no num_hidden_layers).
+    cfg = ModelConfig.from_path(nemo_dir)
+    assert "hybrid_override_pattern" not in cfg.hf_config and "layers_block_type" in cfg.hf_config
+    assert cfg.num_hidden_layers == len(PATTERN)
+    assert cfg.attention_layer_ids == [i for i, c in enumerate(PATTERN) if c == "*"]
+    assert cfg.is_hybrid_ssm
+    # NVIDIA's own config form still works the same way.
+    old = ModelConfig.from_dict({"architectures": ["NemotronHForCausalLM"], "hybrid_override_pattern": "M*M-",
+                                 "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4})
+    assert (old.num_hidden_layers, old.attention_layer_ids, old.is_hybrid_ssm) == (4, [1], True)
+
+
+def test_runner_builds_kv_only_for_attention_layers_and_a_mamba_pool(runner):
+    assert runner.token_to_kv_pool.layer_ids == [1, 5]
+    pool = runner.mamba_pool
+    assert pool.num_mamba_layers == PATTERN.count("M")
+    assert pool.size == runner.max_running_requests == 8
+    assert tuple(pool.conv_state.shape) == (3, 9, 64 + 2 * 2 * 16, 3)
+    assert tuple(pool.ssm_state.shape) == (3, 9, 8, 8, 16)
+
+
+def test_prefill_and_decode_match_hf(hf_nemo, runner):
+    prompt = random_prompt(45, seed=0)  # > 5 SSD chunks
+    ref = hf_reference(hf_nemo, prompt, N_DECODE)
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens), ref)
+
+
+@pytest.mark.parametrize("chunk", [5, 8, 16])
+def test_chunked_prefill_carries_state(hf_nemo, runner, chunk):
+    prompt = random_prompt(37, seed=1)
+    ref = hf_reference(hf_nemo, prompt, 3)
+    whole = hybrid_logits(runner, prompt, ref.tokens)
+    chunked = hybrid_logits(runner, prompt, ref.tokens, chunk_size=chunk)
+    torch.testing.assert_close(chunked.prefill, whole.prefill, atol=1e-5, rtol=1e-5)
+    assert_trace_close(chunked, ref)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_ragged_batch_then_batched_decode_in_scattered_slots(nemo_dir, hf_nemo, page_size):
+    prompts = [random_prompt(n, seed=10 + n) for n in (1, 7, 33, 50)]
+    refs = [hf_reference(hf_nemo, p, 4) for p in prompts]
+    traces = hybrid_batch_logits(_runner(nemo_dir, page_size), prompts, [r.tokens for r in refs], slot_stride=2)
+    for ours, ref in zip(traces, refs):
+        assert_trace_close(ours, ref)
+
+
+def test_continuation_and_fresh_request_in_one_extend(hf_nemo, runner):
+    """One EXTEND mixes a chunked-prefill continuation (state read from its slot) and a new
+    request (state from zeros), then both decode together."""
+    a, b = random_prompt(29, seed=3), random_prompt(12, seed=4)
+    ref_a, ref_b = hf_reference(hf_nemo, a, 3), hf_reference(hf_nemo, b, 3)
+    drv = HybridDriver(runner)
+    ra = drv.new_request(a)
+    try:
+        first = drv.extend([ra], [a[:17]]).full_logits
+        rb = drv.new_request(b)
+        out = drv.extend([ra, rb], [a[17:], b]).full_logits
+        torch.testing.assert_close(torch.cat([first, out[:12]]), ref_a.prefill, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[12:], ref_b.prefill, atol=1e-4, rtol=1e-4)
+        for step in range(3):
+            dec = drv.decode([ra, rb], [ref_a.tokens[step], ref_b.tokens[step]]).next_token_logits
+            torch.testing.assert_close(dec[0], ref_a.decode[step], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(dec[1], ref_b.decode[step], atol=1e-4, rtol=1e-4)
+        drv.free(rb)
+    finally:
+        drv.free(ra)
+
+
+def test_fresh_request_ignores_stale_slot_state(runner):
+    """A request without a cached prefix never reads its slot, whatever the slot holds."""
+    prompt = random_prompt(20, seed=5)
+    clean = hybrid_logits(runner, prompt, [])
+    pool = runner.mamba_pool
+    pool.conv_state.fill_(3.0)
+    pool.ssm_state.fill_(-7.0)
+    drv = HybridDriver(runner)
+    req = drv.new_request(prompt)
+    pool.conv_state.fill_(3.0)  # undo new_request's clear: the slot is dirty
+    pool.ssm_state.fill_(-7.0)
+    try:
+        dirty = drv.extend([req], [prompt]).full_logits
+    finally:
+        drv.free(req)
+    torch.testing.assert_close(dirty, clean.prefill, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_tokens_match_hf_generate(hf_nemo, runner):
+    prompt = random_prompt(26, seed=6)
+    n = 12
+    hf_out = hf_nemo.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              use_cache=True, pad_token_id=0)
+    assert hybrid_greedy(runner, prompt, n) == hf_out[0, len(prompt):].tolist()
+
+
+def test_states_live_in_the_requests_slot(runner):
+    """Prefill writes the final conv/SSM state of every Mamba layer into the request's slot
+    and nowhere else; decode advances that slot."""
+    pool = runner.mamba_pool
+    pool.conv_state.zero_()
+    pool.ssm_state.zero_()
+    drv = HybridDriver(runner, slot_stride=2)
+    req = drv.new_request(random_prompt(10, seed=7))
+    try:
+        slot = drv.slot_of_row[req.req_pool_idx]
+        drv.extend([req], [req.token_ids])
+        others = [s for s in range(pool.size + 1) if s != slot]
+        assert pool.ssm_state[:, others].abs().sum() == 0 and pool.conv_state[:, others].abs().sum() == 0
+        assert (pool.ssm_state[:, slot].flatten(1).abs().sum(1) > 0).all()
+        before = pool.ssm_state[:, slot].clone()
+        drv.decode([req], [5])
+        assert not torch.equal(before, pool.ssm_state[:, slot])
+        assert pool.ssm_state[:, others].abs().sum() == 0
+    finally:
+        drv.free(req)
+        drv.release_spacers()
+
+
+def test_missing_mamba_indices_is_a_clear_error(runner):
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+    rows = runner.req_to_token_pool.alloc(1)
+    loc = runner.token_to_kv_pool_allocator.alloc_extend([0], [3], [0])
+    runner.req_to_token_pool.write(rows[0], 0, loc)
+    try:
+        fb = ForwardBatch.for_extend([[1, 2, 3]], [0], rows, loc)
+        with pytest.raises(ValueError, match="mamba_pool_indices"):
+            runner.forward(fb)
+    finally:
+        runner.token_to_kv_pool_allocator.free(loc)
+        runner.req_to_token_pool.free(rows[0])
+
+
+def test_moe_blocks_are_rejected_clearly():
+    from transformers import AutoConfig
+
+    from sglang.srt.models.nemotron_h import NemotronHForCausalLM
+
+    cfg = AutoConfig.for_model("nemotron_h", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, hybrid_override_pattern="M*E", mamba_num_heads=8, mamba_head_dim=8,
+                               n_groups=2, ssm_state_size=16, vocab_size=100)
+    with pytest.raises(NotImplementedError, match="layer 2 is a MoE block"):
+        NemotronHForCausalLM(cfg)
