@@ -219,6 +219,7 @@ class MooncakeKVManager(BaseKVManager):
         self.context.term()
         self.engine.batch_deregister(self._registered_ptrs)
         self._registered_ptrs = []
+        self.engine.close()
 
     # ------------------------------------------------------------------ prefill side
     def _init_prefill(self) -> None:
