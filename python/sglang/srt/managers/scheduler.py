@@ -82,6 +82,25 @@ class Scheduler:
         )
         self.sampler = Sampler()
 
+        # PD disaggregation roles (None on a plain server).
+        from sglang.srt.mem_cache.retraction_backup import build_retraction_store
+
+        self.disagg_mode = server_args.disaggregation_mode
+        self.retraction_store = build_retraction_store(
+            server_args, self.model_config, model_runner.token_to_kv_pool, self.allocator, self.req_to_token_pool,
+            mamba_pool=getattr(model_runner, "mamba_pool", None),
+        )
+        self.decode_queues = None
+        self.prefill_queues = None
+        if self.disagg_mode == "decode":
+            from sglang.srt.disaggregation.decode import DecodeQueues
+
+            self.decode_queues = DecodeQueues(self)
+        elif self.disagg_mode == "prefill":
+            from sglang.srt.disaggregation.prefill import PrefillQueues
+
+            self.prefill_queues = PrefillQueues(self)
+
         self.waiting_queue: List[Req] = []
         self.running_reqs: List[Req] = []
         self.chunked_req: Optional[Req] = None
@@ -125,6 +144,10 @@ class Scheduler:
             )
         if req.to_abort is not None:
             self._finish_unscheduled(req)
+        elif self.decode_queues is not None:
+            self.decode_queues.add(req, recv)
+        elif self.prefill_queues is not None:
+            self.prefill_queues.add(req, recv)
         else:
             self.waiting_queue.append(req)
         return req
@@ -140,18 +163,41 @@ class Scheduler:
         for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
             if hit(req):
                 req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+        for queues in (self.decode_queues, self.prefill_queues):
+            if queues is not None:
+                queues.abort(hit)
 
     def _finish_unscheduled(self, req: Req) -> None:
         req.finished_reason = req.to_abort
-        self.pending_outputs.append(collect_outputs([req], self.stream_interval))
+        self._release_transfer(req)
+        self.emit([req])
+
+    def _release_transfer(self, req: Req) -> None:
+        """An aborted PD prefill request gives up its sender and metadata row."""
+        if self.prefill_queues is not None and getattr(req, "kv_sender", None) is not None:
+            req.kv_sender.abort()
+            if req.metadata_idx is not None:
+                self.prefill_queues.metadata_allocator.free(req.metadata_idx)
+                req.metadata_idx = None
+            req.kv_sender = None
+
+    def emit(self, reqs: List[Req]) -> None:
+        """Queues the outputs of these requests (new tokens, finish) for the detokenizer."""
+        self.pending_outputs.append(collect_outputs(reqs, self.stream_interval))
 
     # --- one iteration -----------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_reqs or self.chunked_req)
+        if self.waiting_queue or self.running_reqs or self.chunked_req:
+            return True
+        return any(q is not None and q.has_work() for q in (self.decode_queues, self.prefill_queues))
 
     def step(self) -> List[BatchTokenIDOutput]:
         """Runs one batch (prefill if anything can be admitted, else decode). Returns outputs to send."""
         self._drop_aborted_running()
+        if self.decode_queues is not None:
+            self.decode_queues.process()
+        if self.prefill_queues is not None:
+            self.prefill_queues.process()
         batch = self.get_new_prefill_batch()
         if batch is not None:
             self.run_extend(*batch)
@@ -175,13 +221,16 @@ class Scheduler:
                 self.running_reqs.remove(req)
             req.finished_reason = req.to_abort
             self.release_kv(req)
+            self._release_transfer(req)
         if aborted:
-            self.pending_outputs.append(collect_outputs(aborted, self.stream_interval))
+            self.emit(aborted)
 
     # --- prefill -------------------------------------------------------------------------------
     def get_new_prefill_batch(self):
         if not self.waiting_queue and self.chunked_req is None:
             return None
+        if self.decode_queues is not None and self.decode_queues.retracted_queue:
+            return None  # retracted requests resume first
         if len(self.running_reqs) >= self.max_running_requests and self.chunked_req is None:
             return None
         sa = self.server_args
@@ -242,16 +291,19 @@ class Scheduler:
         done = [i for i, r in enumerate(batch.reqs) if r is not self.chunked_req]
         record_logprobs(batch.reqs, forward_batch, logits_output, self.sampler)
         next_ids, samp = self._sample([batch.reqs[i] for i in done], logits_output.next_token_logits[done])
-        finished = []
+        to_emit = []
         for j, i in enumerate(done):
             req = batch.reqs[i]
             req.output_ids.append(int(next_ids[j]))
             req.is_chunked = 0
             if samp is not None:
                 samp(req, j)
+            if self.prefill_queues is not None and req.to_abort is None:
+                self.prefill_queues.on_prefill_done(req)  # KV goes to the decode server first
+                continue
             req.check_finished()
+            to_emit.append(req)
             if req.finished():
-                finished.append(req)
                 self.release_kv(req, insert=True)
             else:
                 self.tree_cache.cache_unfinished_req(req)
@@ -259,7 +311,9 @@ class Scheduler:
         if self.chunked_req is not None:
             self.chunked_req.is_chunked += 1
             self.tree_cache.cache_unfinished_req(self.chunked_req, chunked=True)
-        self.pending_outputs.append(collect_outputs([batch.reqs[i] for i in done], self.stream_interval))
+            if self.prefill_queues is not None:
+                self.prefill_queues.send_chunk(self.chunked_req)
+        self.emit(to_emit)
 
     # --- decode --------------------------------------------------------------------------------
     def run_decode(self) -> None:
@@ -286,7 +340,7 @@ class Scheduler:
                 finished.append(req)
                 self.release_kv(req, insert=True)
         self.running_reqs = [r for r in batch.reqs if not r.finished()]
-        self.pending_outputs.append(collect_outputs(batch.reqs, self.stream_interval))
+        self.emit(batch.reqs)
 
     def retract(self, batch: ScheduleBatch) -> None:
         sa = self.server_args
@@ -307,9 +361,12 @@ class Scheduler:
         for req in aborted:
             req.finished_reason = req.to_abort
         if aborted:
-            self.pending_outputs.append(collect_outputs(aborted, self.stream_interval))
-        # Retracted requests go back to the front: they arrived before anything still waiting.
-        self.waiting_queue[0:0] = retracted
+            self.emit(aborted)
+        if self.decode_queues is not None:
+            self.decode_queues.retracted_queue.extend(retracted)  # resumed from their backups
+        else:
+            # Re-prefilled later; at the front, since they arrived before anything still waiting.
+            self.waiting_queue[0:0] = retracted
         assert len(batch.reqs) + len(retracted) + len(aborted) == before
 
     def _ratio_after_retract(self, reqs: List[Req]) -> float:
@@ -319,8 +376,21 @@ class Scheduler:
         return min(1.0, ratio)
 
     def release_req_for_retract(self, req: Req, backup: bool) -> bool:
-        """Non-PD retraction: free the KV (the prompt is recomputed later). Always keeps the request."""
+        """Frees a retracted request's KV. A plain server recomputes it later; a PD decode server
+        first backs it up (cpu_tensor / host_pool) and returns False (abort) when it cannot."""
+        saved = None
+        store = self.retraction_store
+        if store is not None and backup:
+            indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
+            saved = store.backup(indices, getattr(req, "mamba_pool_idx", None))
         self.release_kv(req)
+        if store is not None:
+            if saved is None:
+                if req.to_abort is None:
+                    req.to_abort = store.abort_reason()
+                logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
+                return False
+            req.retraction_backup = saved
         req.reset_for_retract()
         return True
 
@@ -392,6 +462,12 @@ class Scheduler:
             "num_recomputed_tokens": self.num_recomputed_tokens,
             "new_token_ratio": self.new_token_ratio,
             "forward_ct": self.forward_ct,
+            "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
+            "disaggregation": {
+                "mode": self.disagg_mode,
+                **(self.decode_queues.stats() if self.decode_queues else {}),
+                **(self.prefill_queues.stats() if self.prefill_queues else {}),
+            },
         }
 
 

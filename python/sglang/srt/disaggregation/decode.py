@@ -1,0 +1,243 @@
+"""The decode side of PD disaggregation, inside the scheduler (reference 5.6 and 4.6).
+
+A request on a decode server goes through:
+  prealloc queue  -- receiver bootstrapped, waiting for KV memory to be reserved for its prompt
+  transfer queue  -- slots sent to the prefill server, KV (and first token) in flight
+  running         -- KV and first token arrived: decoding like any other request
+  retracted queue -- under memory pressure the KV is backed up (cpu_tensor / host_pool) and the
+                     slots freed; resumed before any new request is admitted, without prefill.
+
+With `--disaggregation-transfer-backend fake` (or a request whose bootstrap_host is
+FAKE_BOOTSTRAP_HOST) nothing is received: the decode server computes the prompt's KV itself with a
+local prefill (upstream leaves the KV unfilled; computing it makes a decode server testable alone
+with real outputs), then the request decodes and retracts like a transferred one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeQueues:
+    def __init__(self, scheduler: "Scheduler"):
+        self.s = scheduler
+        sa = scheduler.server_args
+        self.backend = sa.disaggregation_transfer_backend
+        self.num_reserved_decode_tokens = sa.num_reserved_decode_tokens
+        self.prealloc_queue: List[Req] = []
+        self.transfer_queue: List[Req] = []
+        self.retracted_queue: List[Req] = []
+        self.kv_manager = None
+        self.metadata_buffers = None
+        self.metadata_allocator = None
+        if self.backend != "fake":
+            self._init_transfer()
+
+    def _init_transfer(self) -> None:
+        from sglang.srt.disaggregation.base import kv_args_from_pools
+        from sglang.srt.disaggregation.utils import (
+            DisaggregationMode,
+            KVClassType,
+            MetadataBuffers,
+            ReqToMetadataIdxAllocator,
+            get_kv_class,
+        )
+
+        s = self.s
+        size = s.max_running_requests * 2
+        self.metadata_buffers = MetadataBuffers(size)
+        self.metadata_allocator = ReqToMetadataIdxAllocator(size)
+        kv_args = kv_args_from_pools(
+            s.model_runner.token_to_kv_pool, self.metadata_buffers, s.page_size,
+            mamba_pool=getattr(s.model_runner, "mamba_pool", None),
+            ib_device=s.server_args.disaggregation_ib_device,
+        )
+        manager_cls = get_kv_class(self.backend, KVClassType.MANAGER)
+        self.kv_manager = manager_cls(kv_args, DisaggregationMode.DECODE, s.server_args)
+        self.receiver_cls = get_kv_class(self.backend, KVClassType.RECEIVER)
+
+    # --- queues -----------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.prealloc_queue or self.transfer_queue or self.retracted_queue)
+
+    def is_fake(self, recv) -> bool:
+        return self.backend == "fake" or recv.bootstrap_host == FAKE_BOOTSTRAP_HOST
+
+    def add(self, req: Req, recv) -> None:
+        if self.is_fake(recv):
+            self.s.waiting_queue.append(req)  # local prefill stands in for the transfer
+            return
+        port = recv.bootstrap_port or self.s.server_args.disaggregation_bootstrap_port
+        host = recv.bootstrap_host
+        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
+            req.kv_receiver.init(0)
+        except Exception as e:  # bad address etc.: fail this request, not the server
+            req.to_abort = FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500)
+            self.s._finish_unscheduled(req)
+            return
+        req.bootstrap_room = recv.bootstrap_room
+        self.prealloc_queue.append(req)
+
+    def stats(self) -> dict:
+        return {
+            "num_prealloc_queue_reqs": len(self.prealloc_queue),
+            "num_transfer_queue_reqs": len(self.transfer_queue),
+            "num_retracted_queue_reqs": len(self.retracted_queue),
+        }
+
+    def process(self) -> None:
+        """One pass of the decode-side queues; called at the top of every scheduler step."""
+        self.resume_retracted()
+        if self.retracted_queue:
+            return  # retracted requests come back before anything new is admitted
+        self._pop_transferred()
+        self._pre_alloc()
+
+    # --- prealloc / transfer --------------------------------------------------------------------------
+    def _allocatable_tokens(self) -> int:
+        s = self.s
+        running = len(s.running_reqs) + len(self.transfer_queue)
+        reserve = self.num_reserved_decode_tokens * running
+        return s.allocator.available_size() + s.tree_cache.evictable_size() - reserve
+
+    def _pre_alloc(self) -> None:
+        s = self.s
+        for req in list(self.prealloc_queue):
+            state = req.kv_receiver.poll()
+            if state == KVPoll.Failed:
+                self._fail(req, self.prealloc_queue)
+                continue
+            if state == KVPoll.Bootstrapping:
+                continue
+            n = len(req.origin_input_ids)
+            if s.req_to_token_pool.available_size() <= 0 or self._allocatable_tokens() < n + s.page_size:
+                break
+            aux = self.metadata_allocator.alloc()
+            if aux is None:
+                break
+            row = s.req_to_token_pool.alloc(1)[0]
+            slots = s.allocator.alloc_extend([0], [n], [0])
+            if slots is None:
+                s.req_to_token_pool.free(row)
+                self.metadata_allocator.free(aux)
+                break
+            req.req_pool_idx = row
+            s.req_to_token_pool.write(row, 0, slots)
+            req.kv_len = n
+            req.metadata_idx = aux
+            req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux)
+            self.prealloc_queue.remove(req)
+            self.transfer_queue.append(req)
+
+    def _pop_transferred(self) -> None:
+        s = self.s
+        for req in list(self.transfer_queue):
+            state = req.kv_receiver.poll()
+            if state == KVPoll.Failed:
+                self._fail(req, self.transfer_queue)
+            elif state == KVPoll.Success:
+                row = self.metadata_buffers.get_buf(req.metadata_idx)
+                self.metadata_allocator.free(req.metadata_idx)
+                req.metadata_idx = None
+                self.transfer_queue.remove(req)
+                if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
+                    req.to_abort = FINISH_ABORT(
+                        f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
+                        f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
+                    self._drop(req)
+                    continue
+                req.output_ids.append(row.output_id)
+                req.cached_tokens = row.cached_tokens
+                if req.return_logprob and row.output_token_logprob_val is not None:
+                    req.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
+                    if req.top_logprobs_num:
+                        req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
+                req.fill_ids = req.all_ids()
+                req.kv_receiver = None
+                req.check_finished()
+                if req.finished():
+                    s.release_kv(req)
+                    s.emit([req])
+                else:
+                    s.running_reqs.append(req)
+
+    def _fail(self, req: Req, queue: List[Req]) -> None:
+        try:
+            req.kv_receiver.failure_exception()
+            message = "KV transfer failed"
+        except Exception as e:
+            message = str(e)
+        queue.remove(req)
+        req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
+        self._drop(req)
+
+    def _drop(self, req: Req) -> None:
+        if getattr(req, "metadata_idx", None) is not None:
+            self.metadata_allocator.free(req.metadata_idx)
+            req.metadata_idx = None
+        if req.req_pool_idx is not None:
+            self.s.release_kv(req)
+        req.finished_reason = req.to_abort
+        self.s.emit([req])
+
+    def abort(self, hit) -> None:
+        for queue in (self.prealloc_queue, self.transfer_queue):
+            for req in [r for r in queue if hit(r)]:
+                if getattr(req, "kv_receiver", None) is not None:
+                    req.kv_receiver.abort()
+                queue.remove(req)
+                req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+                self._drop(req)
+        for req in [r for r in self.retracted_queue if hit(r)]:
+            self.retracted_queue.remove(req)
+            self.s.retraction_store.discard(req.retraction_backup)  # free the backup at once (upstream #18701)
+            req.retraction_backup = None
+            req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+            req.finished_reason = req.to_abort
+            self.s.emit([req])
+
+    # --- retraction ---------------------------------------------------------------------------------
+    def resume_retracted(self) -> None:
+        s = self.s
+        for req in list(self.retracted_queue):
+            backup = req.retraction_backup
+            n = backup.kv_len
+            if s.req_to_token_pool.available_size() <= 0:
+                break
+            if s.running_reqs and self._allocatable_tokens() < n + s.page_size:
+                break
+            row = s.req_to_token_pool.alloc(1)[0]
+            slots = s.allocator.alloc_extend([0], [n], [0])
+            if slots is None:
+                s.tree_cache.evict(_evict_params(n))
+                slots = s.allocator.alloc_extend([0], [n], [0])
+            if slots is None:
+                s.req_to_token_pool.free(row)
+                break
+            req.req_pool_idx = row
+            s.req_to_token_pool.write(row, 0, slots)
+            s.retraction_store.restore(backup, slots, getattr(req, "mamba_pool_idx", None))
+            req.retraction_backup = None
+            req.kv_len = n
+            req.fill_ids = req.all_ids()
+            self.retracted_queue.remove(req)
+            s.running_reqs.append(req)
+
+
+def _evict_params(n: int):
+    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+    return EvictParams(num_tokens=n)

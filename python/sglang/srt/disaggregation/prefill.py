@@ -1,0 +1,169 @@
+"""The prefill side of PD disaggregation, inside the scheduler (reference 5.5).
+
+A request on a prefill server goes through:
+  bootstrap queue -- its KV sender waits for the decode server's slots (KVPoll.WaitingForInput)
+  waiting/running -- normal (chunked) prefill with max_new_tokens = 1; after every chunk the
+                     finished whole pages are sent, the last chunk sends the rest plus the
+                     metadata row (first output token, cached tokens, logprobs)
+  inflight queue  -- KV on the wire; on Success the request finishes (its prefix stays in the
+                     radix cache) and the prefill's HTTP response carries the one token.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, List
+
+from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillQueues:
+    def __init__(self, scheduler: "Scheduler"):
+        from sglang.srt.disaggregation.base import kv_args_from_pools
+        from sglang.srt.disaggregation.utils import (
+            DisaggregationMode,
+            KVClassType,
+            MetadataBuffers,
+            ReqToMetadataIdxAllocator,
+            get_kv_class,
+        )
+
+        self.s = scheduler
+        sa = scheduler.server_args
+        size = scheduler.max_running_requests * 2
+        self.metadata_buffers = MetadataBuffers(size)
+        self.metadata_allocator = ReqToMetadataIdxAllocator(size)
+        kv_args = kv_args_from_pools(
+            scheduler.model_runner.token_to_kv_pool, self.metadata_buffers, scheduler.page_size,
+            mamba_pool=getattr(scheduler.model_runner, "mamba_pool", None), ib_device=sa.disaggregation_ib_device,
+        )
+        backend = sa.disaggregation_transfer_backend
+        self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, sa)
+        self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
+        self.fake_manager = get_kv_class("fake", KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, sa)
+        self.fake_sender_cls = get_kv_class("fake", KVClassType.SENDER)
+        self.bootstrap_queue: List[Req] = []
+        self.inflight_queue: List[Req] = []
+
+    def has_work(self) -> bool:
+        return bool(self.bootstrap_queue or self.inflight_queue)
+
+    def stats(self) -> dict:
+        return {
+            "num_bootstrap_queue_reqs": len(self.bootstrap_queue),
+            "num_inflight_queue_reqs": len(self.inflight_queue),
+            "available_metadata_rows": self.metadata_allocator.available_size(),
+        }
+
+    def add(self, req: Req, recv) -> None:
+        req.sampling_params.max_new_tokens = 1
+        sa = self.s.server_args
+        room = recv.bootstrap_room if recv.bootstrap_room is not None else 0
+        req.bootstrap_room = room
+        if recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST):
+            req.kv_sender = self.fake_sender_cls(self.fake_manager, f"{FAKE_BOOTSTRAP_HOST}:0", room)
+        else:
+            port = recv.bootstrap_port or sa.disaggregation_bootstrap_port
+            req.kv_sender = self.sender_cls(self.kv_manager, f"{recv.bootstrap_host}:{port}", room)
+        req.sent_kv_len = 0
+        req.metadata_idx = None
+        self.bootstrap_queue.append(req)
+
+    def process(self) -> None:
+        self._pop_bootstrapped()
+        self._process_inflight()
+
+    def _pop_bootstrapped(self) -> None:
+        for req in list(self.bootstrap_queue):
+            state = req.kv_sender.poll()
+            if state == KVPoll.Failed:
+                self.bootstrap_queue.remove(req)
+                self._abort(req, self._failure_message(req))
+            elif state == KVPoll.WaitingForInput:
+                idx = self.metadata_allocator.alloc()
+                if idx is None:
+                    break
+                req.metadata_idx = idx
+                num_pages = -(-len(req.origin_input_ids) // self.s.page_size)
+                req.kv_sender.init(num_pages, idx)
+                self.bootstrap_queue.remove(req)
+                self.s.waiting_queue.append(req)
+
+    # --- called by the scheduler after each extend forward ----------------------------------------
+    def send_chunk(self, req: Req) -> None:
+        """A non-last chunk is done: send its whole pages (the partial last page waits)."""
+        ps = self.s.page_size
+        end = req.kv_len // ps * ps
+        if end > req.sent_kv_len:
+            self._send(req, req.sent_kv_len, end, is_last=False)
+
+    def on_prefill_done(self, req: Req, sampler_logprob=None) -> None:
+        """The last chunk ran and the first token is sampled: send the rest and the metadata row."""
+        lp = req.output_token_logprobs[-1][0] if req.output_token_logprobs else None
+        tops = req.output_top_logprobs[-1] if req.output_top_logprobs else None
+        self.metadata_buffers.set_buf(
+            req.metadata_idx,
+            output_id=req.output_ids[-1],
+            cached_tokens=req.cached_tokens,
+            output_token_logprob_val=lp,
+            top_logprobs_val=[v for v, _ in tops] if tops else None,
+            top_logprobs_idx=[i for _, i in tops] if tops else None,
+            bootstrap_room=req.bootstrap_room % (1 << 63),
+        )
+        self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+        self.inflight_queue.append(req)
+
+    def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
+        slots = self.s.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        state_indices = None
+        if getattr(req, "mamba_pool_idx", None) is not None and is_last:
+            state_indices = [[req.mamba_pool_idx]]
+        req.kv_sender.send(kv_to_page_indices(slots, self.s.page_size), state_indices=state_indices, is_last=is_last)
+        req.sent_kv_len = end
+
+    # --- completion -----------------------------------------------------------------------------------
+    def _process_inflight(self) -> None:
+        s = self.s
+        for req in list(self.inflight_queue):
+            state = req.kv_sender.poll()
+            if state == KVPoll.Success:
+                self.inflight_queue.remove(req)
+                req.finished_reason = req.to_abort or FINISH_LENGTH(length=0)
+                self._release(req, insert=True)
+                s.emit([req])
+            elif state == KVPoll.Failed:
+                self.inflight_queue.remove(req)
+                self._abort(req, self._failure_message(req))
+
+    def _failure_message(self, req: Req) -> str:
+        try:
+            req.kv_sender.failure_exception()
+        except Exception as e:
+            return f"KV transfer of request {req.rid} failed: {e}"
+        return f"KV transfer of request {req.rid} failed"
+
+    def _release(self, req: Req, insert: bool) -> None:
+        if req.metadata_idx is not None:
+            self.metadata_allocator.free(req.metadata_idx)
+            req.metadata_idx = None
+        self.s.release_kv(req, insert=insert and req.kv_len == req.seqlen - 1)
+        req.kv_sender = None
+
+    def _abort(self, req: Req, message: str, status_code: int = 500) -> None:
+        req.to_abort = FINISH_ABORT(message, status_code)
+        req.finished_reason = req.to_abort
+        self._release(req, insert=False)
+        self.s.emit([req])
+
+    def abort(self, hit) -> None:
+        for queue in (self.bootstrap_queue, self.inflight_queue):
+            for req in [r for r in queue if hit(r)]:
+                queue.remove(req)
+                req.kv_sender.abort()
+                self._abort(req, "Aborted by request.", 499)
