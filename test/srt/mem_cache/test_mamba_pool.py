@@ -147,6 +147,9 @@ def test_model_runner_builds_the_pool(nemo_dir):
     r = ModelRunner(nemo_dir, sa)
     assert r.mamba_pool.size == 3 and r.max_running_requests == 3
     assert r.mamba_pool.ssm_dtype == torch.bfloat16 and r.mamba_pool.conv_state.dtype == torch.float32
+    # No --max-running-requests: upstream's 512 slots, and the runner's request cap follows.
+    r = ModelRunner(nemo_dir, max_total_tokens=4096, disable_tqdm=True)
+    assert r.mamba_pool.size == 512 and r.max_running_requests == 512
 
 
 def test_dense_model_has_no_pool(tmp_path):

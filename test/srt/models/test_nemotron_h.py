@@ -105,6 +105,39 @@ def test_continuation_and_fresh_request_in_one_extend(hf_nemo, runner):
         drv.free(ra)
 
 
+def test_decode_step_inside_an_extend_batch(hf_nemo, runner):
+    """Mixed batches run a decoding request as a 1-token EXTEND next to a prefill: its state
+    continues from the slot exactly as in DECODE."""
+    a, b = random_prompt(15, seed=8), random_prompt(9, seed=9)
+    ref_a, ref_b = hf_reference(hf_nemo, a, 2), hf_reference(hf_nemo, b, 1)
+    drv = HybridDriver(runner)
+    ra = drv.new_request(a)
+    rb = drv.new_request(b)
+    try:
+        drv.extend([ra], [a])
+        out = drv.extend([ra, rb], [[ref_a.tokens[0]], b]).full_logits
+        torch.testing.assert_close(out[0], ref_a.decode[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[1:], ref_b.prefill, atol=1e-4, rtol=1e-4)
+        dec = drv.decode([ra, rb], [ref_a.tokens[1], ref_b.tokens[0]]).next_token_logits
+        torch.testing.assert_close(dec[0], ref_a.decode[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(dec[1], ref_b.decode[0], atol=1e-4, rtol=1e-4)
+    finally:
+        drv.free(ra)
+        drv.free(rb)
+
+
+def test_bfloat16_runs_close_to_fp32(nemo_dir, runner):
+    prompt = random_prompt(30, seed=10)
+    fp32 = hybrid_logits(runner, prompt, [])
+    bf16_runner = _runner(nemo_dir, dtype="bfloat16")
+    assert bf16_runner.mamba_pool.conv_state.dtype == torch.bfloat16
+    assert bf16_runner.mamba_pool.ssm_state.dtype == torch.float32  # the checkpoint's mamba_ssm_cache_dtype
+    bf16 = hybrid_logits(bf16_runner, prompt, [1, 2])
+    assert bf16.prefill.dtype == torch.float32
+    assert (bf16.prefill - fp32.prefill).abs().max() < 0.15
+    assert (bf16.prefill.argmax(-1) == fp32.prefill.argmax(-1)).float().mean() > 0.8
+
+
 def test_fresh_request_ignores_stale_slot_state(runner):
     """A request without a cached prefix never reads its slot, whatever the slot holds."""
     prompt = random_prompt(20, seed=5)

@@ -211,12 +211,14 @@ def init_mamba_pool_for_runner(runner) -> Optional[MambaPool]:
     ssm_dtype = resolve_mamba_ssm_dtype(_runner_opt(runner, "mamba_ssm_dtype"), runner.hf_config, runner.dtype)
     per_slot = MambaPool.bytes_per_slot_for(len(layer_ids), conv_shape, ssm_shape, runner.dtype, ssm_dtype)
     # States are not prefix-cached yet (the radix cache's MAMBA component is a seam), so a
-    # slot per running request is the sizing rule unless the user sets the size.
+    # slot per running request is the sizing rule unless the user sets the size. Without
+    # --max-running-requests upstream takes 512 slots; more than the runner's own request
+    # limit would never be used.
     user_mrr = _runner_opt(runner, "max_running_requests")
     kv_budget = runner.max_total_num_tokens * runner.kv_bytes_per_token()
     size = mamba_cache_size(
         _runner_opt(runner, "max_mamba_cache_size"),
-        user_mrr if user_mrr is not None else runner.max_running_requests,
+        user_mrr if user_mrr is not None else min(DEFAULT_MAX_MAMBA_CACHE_SIZE, runner.max_running_requests),
         state_prefix_caching=False,
         memory_budget_bytes=kv_budget,
         bytes_per_slot=per_slot,
