@@ -16,11 +16,13 @@ without a prefix does not read it anyway.
 dt clamping follows HF (and mamba_ssm's kernels) exactly: the chunked scan clamps dt to
 `prefill_dt_limit`; the single-step update does not clamp (`decode_dt_limit=None`).
 
-CPU runs the plain-torch ops (`torch_ops`); CUDA runs the Triton kernels (`ops`), same signatures.
+CPU runs the plain-torch ops (`torch_ops`); CUDA runs the Triton kernels (`ops`), same signatures
+(`SGLANG_MAMBA_OPS` overrides the choice).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -65,7 +67,12 @@ class Mamba2Metadata:
 
 
 def _ops(device: torch.device):
-    if device.type == "cuda":
+    """The op set: Triton on CUDA, plain torch elsewhere; `SGLANG_MAMBA_OPS=triton|torch` forces
+    one (Triton on CPU runs in its interpreter: slow, for checking the kernels' wiring)."""
+    choice = os.environ.get("SGLANG_MAMBA_OPS") or ("triton" if device.type == "cuda" else "torch")
+    if choice not in ("triton", "torch"):
+        raise ValueError(f"SGLANG_MAMBA_OPS must be 'triton' or 'torch', got {choice!r}")
+    if choice == "triton":
         from sglang.srt.layers.mamba import ops  # noqa: F401  (sets up Triton)
         from sglang.srt.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
         from sglang.srt.layers.mamba.ops.selective_state_update import selective_state_update
