@@ -187,6 +187,39 @@ def test_states_live_in_the_requests_slot(runner):
         drv.release_spacers()
 
 
+@pytest.mark.parametrize("mode", ["extend", "decode"])
+def test_padding_rows_leave_every_slot_alone(hf_nemo, runner, mode):
+    """A row whose slot is PAD_SLOT_ID (-1) reads no state and writes none; the real rows of
+    the same batch are unaffected."""
+    a, b = random_prompt(11, seed=11), random_prompt(6, seed=12)
+    ref_a = hf_reference(hf_nemo, a, 1)
+    drv = HybridDriver(runner)
+    ra, rb = drv.new_request(a), drv.new_request(b)
+    slot_b = drv.slot_of_row[rb.req_pool_idx]
+    try:
+        if mode == "decode":
+            drv.extend([ra, rb], [a, b])
+        pool = runner.mamba_pool
+        pool.conv_state[:, 0] = 5.0  # padding slot: must stay as is
+        pool.ssm_state[:, 0] = 5.0
+        snap_c, snap_s = pool.conv_state.clone(), pool.ssm_state.clone()
+        drv.slot_of_row[rb.req_pool_idx] = -1
+        if mode == "extend":
+            out = drv.extend([ra, rb], [a, b]).full_logits
+            torch.testing.assert_close(out[: len(a)], ref_a.prefill, atol=1e-4, rtol=1e-4)
+        else:
+            out = drv.decode([ra, rb], [ref_a.tokens[0], 7]).next_token_logits
+            torch.testing.assert_close(out[0], ref_a.decode[0], atol=1e-4, rtol=1e-4)
+        slot_a = drv.slot_of_row[ra.req_pool_idx]
+        untouched = [s for s in range(pool.size + 1) if s != slot_a]
+        assert torch.equal(pool.conv_state[:, untouched], snap_c[:, untouched])
+        assert torch.equal(pool.ssm_state[:, untouched], snap_s[:, untouched])
+    finally:
+        drv.slot_of_row[rb.req_pool_idx] = slot_b
+        drv.free(ra)
+        drv.free(rb)
+
+
 def test_missing_mamba_indices_is_a_clear_error(runner):
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.mamba.torch_ops import PAD_SLOT_ID
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Mamba2Metadata:
     query_start_loc: Optional[torch.Tensor] = None  # [B + 1] int64 (extend)
     has_initial_state: Optional[torch.Tensor] = None  # [B] bool (extend): prefix_len > 0
     has_initial_state_cpu: Optional[List[bool]] = None
+    # Rows whose slot is PAD_SLOT_ID (-1: padding requests) neither read nor write state.
+    all_slots_valid: bool = True
 
     @classmethod
     def from_forward_batch(cls, forward_batch) -> "Mamba2Metadata":
@@ -55,15 +58,17 @@ class Mamba2Metadata:
         slots = torch.as_tensor(idx, dtype=torch.int64, device=device).reshape(-1)
         if slots.numel() != forward_batch.batch_size:
             raise ValueError(f"mamba_pool_indices has {slots.numel()} entries for a batch of {forward_batch.batch_size}")
+        slot_list = slots.tolist()
+        all_valid = PAD_SLOT_ID not in slot_list
         if forward_batch.forward_mode.is_decode():
-            return cls(True, slots)
+            return cls(True, slots, all_slots_valid=all_valid)
         lens = [int(n) for n in forward_batch.extend_seq_lens_cpu]
         qsl = [0]
         for n in lens:
             qsl.append(qsl[-1] + n)
-        init = [int(p) > 0 for p in forward_batch.extend_prefix_lens_cpu]
+        init = [int(p) > 0 and s != PAD_SLOT_ID for p, s in zip(forward_batch.extend_prefix_lens_cpu, slot_list)]
         return cls(False, slots, torch.tensor(qsl, dtype=torch.int64, device=device),
-                   torch.tensor(init, dtype=torch.bool, device=device), init)
+                   torch.tensor(init, dtype=torch.bool, device=device), init, all_valid)
 
 
 def _ops(device: torch.device):
@@ -230,7 +235,11 @@ class MambaMixer2(nn.Module):
                 dt_softplus=True, dt_limit=self.prefill_dt_limit, return_varlen_states=True,
                 state_dtype=ssm_states.dtype,
             )
-            ssm_states[meta.slots] = final.to(ssm_states.dtype)
+            if meta.all_slots_valid:
+                ssm_states[meta.slots] = final.to(ssm_states.dtype)
+            else:
+                valid = meta.slots != PAD_SLOT_ID
+                ssm_states[meta.slots[valid]] = final[valid].to(ssm_states.dtype)
 
         y = y.reshape(T, self.intermediate_size)
         if self.norm is not None:
