@@ -297,3 +297,45 @@ def test_unknown_model_is_404_as_upstream(server):
                                   "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
     with pytest.raises(openai.NotFoundError):
         server["client"].models.retrieve("no-such-model")
+
+
+# ------------------------------------------------------------------------------------ behind the router
+
+
+def test_behind_the_sglang_router(server):
+    """The real SGLang router in front of this server: it probes the worker, then forwards
+    OpenAI and native requests with its own added fields."""
+    pytest.importorskip("sglang_router")
+    import subprocess
+    import sys
+
+    from sglang.test.server_utils import wait_for_health
+
+    port = find_free_port()
+    router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", server["url"],
+                               "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_health(url, timeout=60, process=router, path="/v1/models")
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        c = client.chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=4, temperature=0,
+                                           extra_body=NO_EOS)
+        direct = server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=4,
+                                                          temperature=0, extra_body=NO_EOS)
+        assert c.choices[0].message.content == direct.choices[0].message.content
+        chunks = list(client.chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=4,
+                                                     temperature=0, stream=True, extra_body=NO_EOS))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == c.choices[0].message.content
+        r = requests.post(url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3,
+                                                                                   "ignore_eos": True}}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["meta_info"]["completion_tokens"] == 3
+        client.close()
+    finally:
+        router.terminate()
+        try:
+            router.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            router.kill()
+            router.wait(timeout=15)
