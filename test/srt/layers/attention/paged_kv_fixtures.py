@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+
+def fresh_seed() -> int:
+    """A new seed every run (torch's default generator starts from the same seed in every
+    process); printed so that a failure can be replayed."""
+    seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+    print(f"random seed {seed}")
+    return seed
+
+
+def fresh_generator() -> torch.Generator:
+    return torch.Generator().manual_seed(fresh_seed())
 
 
 def scattered_slots(seq_lens, page_size, gen, pad_pages=1):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from paged_kv_fixtures import fresh_generator
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -133,7 +134,7 @@ class _Engine:
 @pytest.mark.parametrize("page_size,dtype,swa", [(1, torch.float32, False), (16, torch.float16, False),
                                                   (4, torch.float32, True)])
 def test_extend_prefix_then_decode(page_size, dtype, swa):
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    gen = fresh_generator()
     layers = [
         RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0),
         RadixAttention(HEADS, HEAD_DIM, 0.3, KV_HEADS, layer_id=1, sliding_window_size=6),

@@ -7,7 +7,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from paged_kv_fixtures import random_pool, tolerance
+from paged_kv_fixtures import fresh_generator, random_pool, tolerance
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, get_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.kv_utils import build_kv_indices
 from sglang.srt.layers.attention.triton_ops.torch_reference import decode_attention_ref
@@ -15,7 +15,7 @@ from sglang.srt.layers.attention.triton_ops.torch_reference import decode_attent
 
 def _run(seq_lens, page_size, heads, kv_heads, head_dim, dtype, logit_cap=0.0, window=-1, max_kv_splits=4,
          min_tokens_per_split=16, v_head_dim=None):
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    gen = fresh_generator()
     v_head_dim = v_head_dim or head_dim
     req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, dtype, gen, v_head_dim)
     lens = torch.tensor(seq_lens)

@@ -7,7 +7,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from paged_kv_fixtures import random_pool, tolerance
+from paged_kv_fixtures import fresh_generator, random_pool, tolerance
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.layers.attention.triton_ops.kv_utils import build_kv_indices
 from sglang.srt.layers.attention.triton_ops.torch_reference import extend_attention_ref
@@ -15,7 +15,7 @@ from sglang.srt.layers.attention.triton_ops.torch_reference import extend_attent
 
 def _run(prefix_lens, extend_lens, page_size, heads, kv_heads, head_dim, dtype, logit_cap=0.0, window=-1,
          v_head_dim=None):
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    gen = fresh_generator()
     v_head_dim = v_head_dim or head_dim
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, dtype, gen, v_head_dim)

@@ -7,7 +7,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from paged_kv_fixtures import random_pool
+from paged_kv_fixtures import fresh_generator, random_pool
 from sglang.srt.layers.attention.triton_ops.kv_utils import (
     build_kv_indices,
     build_kv_indices_torch,
@@ -17,7 +17,7 @@ from sglang.srt.layers.attention.triton_ops.kv_utils import (
 
 
 def _gen():
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    return fresh_generator()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -2,6 +2,7 @@
 and vs a token-by-token recurrence written here (for what HF lacks: ragged batches, slots, z)."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
 def _gen():
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    """Fresh inputs every run (torch's default seed is the same in every process); printed for replay."""
+    seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+    print(f"random seed {seed}")
+    return torch.Generator().manual_seed(seed)
 
 
 def _recurrence(x, dt, A, B, C, D=None, z=None, h0=None):

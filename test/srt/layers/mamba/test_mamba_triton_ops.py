@@ -18,7 +18,10 @@ from sglang.srt.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined
 
 
 def _gen():
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    """Fresh inputs every run (torch's default seed is the same in every process); printed for replay."""
+    seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+    print(f"random seed {seed}")
+    return torch.Generator().manual_seed(seed)
 
 
 def _tol(dtype):
