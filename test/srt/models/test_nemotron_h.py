@@ -235,13 +235,23 @@ def test_missing_mamba_indices_is_a_clear_error(runner):
         runner.req_to_token_pool.free(rows[0])
 
 
-def test_moe_blocks_are_rejected_clearly():
-    from transformers import AutoConfig
+MOE = dict(hybrid_override_pattern="ME*E-", n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
+           moe_shared_expert_intermediate_size=40, n_group=4, topk_group=2, routed_scaling_factor=1.7)
 
-    from sglang.srt.models.nemotron_h import NemotronHForCausalLM
 
-    cfg = AutoConfig.for_model("nemotron_h", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                               head_dim=16, hybrid_override_pattern="M*E", mamba_num_heads=8, mamba_head_dim=8,
-                               n_groups=2, ssm_state_size=16, vocab_size=100)
-    with pytest.raises(NotImplementedError, match="layer 2 is a MoE block"):
-        NemotronHForCausalLM(cfg)
+@pytest.mark.parametrize("extra", [{}, dict(moe_latent_size=32, norm_topk_prob=False)])
+def test_moe_blocks_match_hf(tmp_path, extra):
+    path = make_tiny_model(str(tmp_path / "moe"), "nemotron_h", seed=5, **MOE, **extra)
+    hf = load_hf_model(path)
+    # Non-zero routing biases (HF initialises them to zero), so the corrected choice matters.
+    g = torch.Generator().manual_seed(0)
+    for layer in hf.model.layers:
+        if layer.block_type == "moe":
+            layer.mixer.gate.e_score_correction_bias.copy_(torch.rand(8, generator=g) * 0.5)
+    hf.save_pretrained(path)
+    prompt = random_prompt(21, seed=6)
+    ref = hf_reference(hf, prompt, 4)
+    runner = _runner(path)
+    assert runner.token_to_kv_pool.layer_ids == [2]
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens), ref)
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens, chunk_size=6), ref)

@@ -2,7 +2,7 @@
 `h = h + mixer(RMSNorm(h))`, where the mixer is chosen per layer by the config's pattern:
 
     'M' Mamba2 (linear_attention)   '*' attention (full_attention, no rotary embedding)
-    '-' MLP (up/down, relu2)         'E' MoE (not supported here: a clear error)
+    '-' MLP (up/down, relu2)         'E' MoE (DeepSeek-V3 routing, non-gated experts, shared experts)
 
 The pattern is `hybrid_override_pattern` in NVIDIA's configs; transformers 5 writes it as
 `layers_block_type` (["linear_attention", "full_attention", "mlp", "moe"]); both are read.
@@ -15,6 +15,7 @@ state in the runner's `MambaPool` (see `mamba_layer_ids` / `mamba_state_shapes`)
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, List, Optional, Tuple
 
 import torch
@@ -68,18 +69,99 @@ _MLP_ACTS = {"relu2": _relu2, "relu": torch.relu, "silu": nn.functional.silu,
 
 
 class NemotronHMLP(nn.Module):
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, intermediate_size: Optional[int] = None):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         act = getattr(config, "mlp_hidden_act", "relu2")
         if act not in _MLP_ACTS:
             raise NotImplementedError(f"NemotronH mlp_hidden_act {act!r} is not supported")
         self.act = _MLP_ACTS[act]
-        self.up_proj = ReplicatedLinear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = ReplicatedLinear(config.intermediate_size, config.hidden_size, bias=bias)
+        inter = intermediate_size or config.intermediate_size
+        self.up_proj = ReplicatedLinear(config.hidden_size, inter, bias=bias)
+        self.down_proj = ReplicatedLinear(inter, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, forward_batch=None, meta=None) -> torch.Tensor:
         return self.down_proj(self.act(self.up_proj(x)))
+
+
+class NemotronHTopkRouter(nn.Module):
+    """DeepSeek-V3 style routing, in fp32 as HF: sigmoid scores; experts chosen by score +
+    `e_score_correction_bias` within the `topk_group` best of `n_group` groups (a group's score
+    is the sum of its top two); weights are the plain scores, renormalised when
+    `norm_topk_prob`, times `routed_scaling_factor`."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        self.top_k = config.num_experts_per_tok
+        self.n_group = config.n_group
+        self.topk_group = config.topk_group
+        self.norm_topk_prob = bool(config.norm_topk_prob)
+        self.routed_scaling_factor = float(config.routed_scaling_factor)
+        if self.num_experts % self.n_group:
+            raise ValueError(f"NemotronH: n_routed_experts ({self.num_experts}) must divide into n_group ({self.n_group})")
+        self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, dtype=torch.float32),
+                                   requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts, dtype=torch.float32),
+                                                    requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(nn.functional.linear(x.float(), self.weight.float()))
+        choice = scores + self.e_score_correction_bias.float()
+        grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(-1)
+        group_idx = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0).bool()
+        expert_mask = group_mask[:, :, None].expand_as(grouped).reshape(-1, self.num_experts)
+        idx = choice.masked_fill(~expert_mask, float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, idx)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scaling_factor, idx
+
+
+class NemotronHExperts(nn.Module):
+    """Non-gated expert MLPs `down(act(up(x)))`, stacked: up [E, I, D], down [E, D, I]. Checkpoints
+    store them one by one (`experts.{e}.up_proj.weight`); `load_expert` fills slice e."""
+
+    def __init__(self, config: Any, in_dim: int):
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        inter = config.moe_intermediate_size
+        self.up_proj = nn.Parameter(torch.empty(self.num_experts, inter, in_dim), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, in_dim, inter), requires_grad=False)
+        self.act = _MLP_ACTS[getattr(config, "mlp_hidden_act", "relu2")]
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
+        for e in torch.unique(idx).tolist():
+            tok, k = torch.where(idx == e)
+            h = self.act(nn.functional.linear(x[tok], self.up_proj[e]))
+            h = nn.functional.linear(h, self.down_proj[e]) * weights[tok, k, None]
+            out.index_add_(0, tok, h.to(out.dtype))
+        return out.to(x.dtype)
+
+
+class NemotronHMoE(nn.Module):
+    """Routed experts (optionally in a smaller latent space) plus always-on shared experts."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        latent = getattr(config, "moe_latent_size", None)
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate = NemotronHTopkRouter(config)
+        self.experts = NemotronHExperts(config, latent or config.hidden_size)
+        self.shared_experts = NemotronHMLP(config, config.moe_shared_expert_intermediate_size)
+        self.fc1_latent_proj = ReplicatedLinear(config.hidden_size, latent, bias=bias) if latent else None
+        self.fc2_latent_proj = ReplicatedLinear(latent, config.hidden_size, bias=bias) if latent else None
+
+    def forward(self, x: torch.Tensor, forward_batch=None, meta=None) -> torch.Tensor:
+        weights, idx = self.gate(x)
+        h = self.fc1_latent_proj(x) if self.fc1_latent_proj is not None else x
+        h = self.experts(h, weights, idx)
+        if self.fc2_latent_proj is not None:
+            h = self.fc2_latent_proj(h)
+        return h + self.shared_experts(x)
 
 
 class NemotronHAttention(nn.Module):
@@ -139,9 +221,7 @@ class NemotronHBlock(nn.Module):
         elif kind == "-":
             self.mixer = NemotronHMLP(config)
         elif kind == "E":
-            raise NotImplementedError(
-                f"NemotronH layer {layer_id} is a MoE block ('E'); MoE NemotronH models are not supported yet"
-            )
+            self.mixer = NemotronHMoE(config)
         else:
             raise ValueError(f"NemotronH: unknown block type {kind!r} at layer {layer_id}")
 
@@ -210,6 +290,14 @@ class NemotronHForCausalLM(nn.Module):
             name = self._canonical(name)
             if name is None:
                 continue
+            expert = _EXPERT_WEIGHT.match(name)
+            if expert is not None:  # one expert of a stacked [E, ...] parameter
+                target = f"{expert.group(1)}experts.{expert.group(3)}"
+                e = int(expert.group(2))
+                if target in params:
+                    default_weight_loader_slice(params[target], e, tensor)
+                    loaded.add(f"{target}:{e}")
+                continue
             for merged, frag, shard in self.stacked_params_mapping:
                 if frag not in name:
                     continue
@@ -223,17 +311,37 @@ class NemotronHForCausalLM(nn.Module):
                 if name not in params:
                     continue
                 default_weight_loader(params[name], tensor)
-                loaded.add(name)
+                if ".experts." in name:  # all experts at once (HF's in-memory 3D layout)
+                    loaded.update(f"{name}:{e}" for e in range(tensor.shape[0]))
+                else:
+                    loaded.add(name)
         return loaded
 
     def expected_weight_keys(self) -> set:
         out = set()
-        for name, _ in self.named_parameters():
+        for name, p in self.named_parameters():
             if ".qkv_proj." in name:
                 out.update(f"{name}:{s}" for s in ("q", "k", "v"))
+            elif ".experts." in name:
+                out.update(f"{name}:{e}" for e in range(p.shape[0]))
             else:
                 out.add(name)
         return out
+
+
+# backbone.layers.3.mixer.experts.7.up_proj.weight -> ("backbone.layers.3.mixer.", "7", "up_proj")
+_EXPERT_WEIGHT = re.compile(r"^(.*\.)experts\.(\d+)\.(up_proj|down_proj)\.weight$")
+
+
+def default_weight_loader_slice(param: nn.Parameter, index: int, tensor: torch.Tensor) -> None:
+    default_weight_loader(_SliceView(param.data[index]), tensor)
+
+
+class _SliceView:
+    """What `default_weight_loader` needs of a parameter (`.data`), for one slice of it."""
+
+    def __init__(self, data: torch.Tensor):
+        self.data = data
 
 
 EntryClass = NemotronHForCausalLM
