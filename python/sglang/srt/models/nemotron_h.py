@@ -334,14 +334,11 @@ _EXPERT_WEIGHT = re.compile(r"^(.*\.)experts\.(\d+)\.(up_proj|down_proj)\.weight
 
 
 def default_weight_loader_slice(param: nn.Parameter, index: int, tensor: torch.Tensor) -> None:
-    default_weight_loader(_SliceView(param.data[index]), tensor)
-
-
-class _SliceView:
-    """What `default_weight_loader` needs of a parameter (`.data`), for one slice of it."""
-
-    def __init__(self, data: torch.Tensor):
-        self.data = data
+    """Copy one expert's weight into slice `index` of a stacked [E, ...] parameter."""
+    dst = param.data[index]
+    if tuple(dst.shape) != tuple(tensor.shape):
+        raise ValueError(f"Weight shape mismatch: parameter {tuple(dst.shape)} vs checkpoint {tuple(tensor.shape)}")
+    dst.copy_(tensor.to(dtype=dst.dtype, device=dst.device))
 
 
 EntryClass = NemotronHForCausalLM
