@@ -42,8 +42,13 @@ def test_ragged_batch_gqa(dtype, page_size):
     assert splits.max() > 1  # the split-merge path is exercised
 
 
-def test_mha_and_mqa_and_odd_head_dim():
-    _run([9, 50], 1, heads=2, kv_heads=2, head_dim=24, dtype=torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mha_kernel_with_window_and_logit_cap(dtype):
+    _run([9, 50, 70], 16, heads=2, kv_heads=2, head_dim=24, dtype=dtype)
+    _run([9, 50, 70], 1, heads=2, kv_heads=2, head_dim=16, dtype=dtype, window=20, logit_cap=3.0, v_head_dim=8)
+
+
+def test_mqa_and_odd_head_dim():
     _run([33, 3], 16, heads=4, kv_heads=1, head_dim=16, dtype=torch.float32, v_head_dim=8)
 
 

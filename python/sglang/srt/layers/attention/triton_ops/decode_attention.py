@@ -3,7 +3,8 @@
 Stage 1 cuts each request's KV range into `num_kv_splits[b]` pieces and, per piece, computes the
 softmax-weighted sum of V and the log-sum-exp of the scores; stage 2 merges the pieces with their
 LSE weights. Splitting lets short batches of long sequences fill the GPU. Query heads that share a
-KV head (GQA/MQA) are processed together so K/V are read once per group.
+KV head (GQA/MQA) are processed together (one tl.dot) so K/V are read once per group; plain MHA
+uses a one-head-per-program kernel without tl.dot.
 
 KV rows of request b are `k_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]]` (token slots, any
 page size). With `sliding_window_size > 0` only the last `sliding_window_size` keys are visible
@@ -42,6 +43,59 @@ def _split_range(seq_len, kv_splits, split_id, SLIDING_WINDOW: tl.constexpr, MIN
     start = win_start + per_split * split_id
     end = tl.minimum(start + per_split, seq_len)
     return start, end
+
+
+@triton.jit
+def _fwd_kernel_stage1(
+    Q, K_Buffer, V_Buffer, sm_scale, kv_indptr, kv_indices, Att_Out, Att_Lse, num_kv_splits,
+    stride_qbs, stride_qh, stride_buf_kbs, stride_buf_kh, stride_buf_vbs, stride_buf_vh,
+    stride_mid_ob, stride_mid_oh, stride_mid_os, stride_lse_b, stride_lse_h,
+    BLOCK_DMODEL: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    MIN_BLOCK_KV: tl.constexpr, logit_cap: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
+    Lk: tl.constexpr, Lv: tl.constexpr,
+):
+    """One query head per program (MHA: no other head shares its K/V), no tl.dot."""
+    cur_batch = tl.program_id(0)
+    cur_head = tl.program_id(1)
+    split_kv_id = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_DMODEL)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_d = offs_d < Lk
+    mask_dv = offs_dv < Lv
+
+    kv_start_idx = tl.load(kv_indptr + cur_batch).to(tl.int64)
+    seq_len = tl.load(kv_indptr + cur_batch + 1).to(tl.int32) - kv_start_idx.to(tl.int32)
+    kv_splits = tl.load(num_kv_splits + cur_batch)
+    split_start, split_end = _split_range(seq_len, kv_splits, split_kv_id, SLIDING_WINDOW, MIN_BLOCK_KV)
+
+    if split_end > split_start:
+        q = tl.load(Q + cur_batch.to(tl.int64) * stride_qbs + cur_head * stride_qh + offs_d, mask=mask_d, other=0.0)
+        q = q.to(tl.float32)
+        e_max = -float("inf")
+        e_sum = 0.0
+        acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < split_end
+            kv_loc = tl.load(kv_indices + kv_start_idx + offs_n, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(K_Buffer + kv_loc[:, None] * stride_buf_kbs + cur_head * stride_buf_kh + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            qk = tl.sum(q[None, :] * k.to(tl.float32), 1) * sm_scale
+            if logit_cap > 0:
+                qk = logit_cap * _tanh(qk / logit_cap)
+            qk = tl.where(mask_n, qk, float("-inf"))
+            v = tl.load(V_Buffer + kv_loc[:, None] * stride_buf_vbs + cur_head * stride_buf_vh + offs_dv[None, :],
+                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
+            n_e_max = tl.maximum(tl.max(qk, 0), e_max)
+            re_scale = tl.exp(e_max - n_e_max)
+            p = tl.exp(qk - n_e_max)
+            acc = acc * re_scale + tl.sum(p[:, None] * v.to(tl.float32), 0)
+            e_sum = e_sum * re_scale + tl.sum(p, 0)
+            e_max = n_e_max
+        base = cur_batch.to(tl.int64) * stride_mid_ob + cur_head * stride_mid_oh + split_kv_id * stride_mid_os
+        tl.store(Att_Out + base + offs_dv, acc / e_sum, mask=mask_dv)
+        tl.store(Att_Lse + cur_batch.to(tl.int64) * stride_lse_b + cur_head * stride_lse_h + split_kv_id,
+                 e_max + tl.log(e_sum))
 
 
 @triton.jit
@@ -195,22 +249,38 @@ def decode_attention_fwd(
     window = int(sliding_window_size) if sliding_window_size and sliding_window_size > 0 else -1
     block_dmodel = max(16, triton.next_power_of_2(lk))
     block_dv = max(16, triton.next_power_of_2(lv))
-    grid = (batch, triton.cdiv(head_num, min(_BLOCK_H, kv_group_num)), max_kv_splits)
-    _fwd_grouped_kernel_stage1[grid](
+    common = (
         q, k_buffer, v_buffer, sm_scale, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2), attn_lse.stride(0), attn_lse.stride(1),
-        kv_group_num=kv_group_num, q_head_num=head_num,
-        BLOCK_DMODEL=block_dmodel, BLOCK_DV=block_dv, BLOCK_N=32, BLOCK_H=_BLOCK_H,
-        MIN_BLOCK_KV=_MIN_BLOCK_KV, logit_cap=float(logit_cap), SLIDING_WINDOW=window,
-        DOT_FP32=dot_needs_fp32(q.dtype), Lk=lk, Lv=lv,
-        num_warps=4, num_stages=2,
     )
+    if kv_group_num == 1:
+        _fwd_kernel_stage1[(batch, head_num, max_kv_splits)](
+            *common, BLOCK_DMODEL=block_dmodel, BLOCK_DV=block_dv, BLOCK_N=64 if q.is_cuda else 32,
+            MIN_BLOCK_KV=_MIN_BLOCK_KV, logit_cap=float(logit_cap), SLIDING_WINDOW=window, Lk=lk, Lv=lv,
+            num_warps=4 if lk <= 128 else 8, num_stages=2,
+        )
+    else:
+        _launch_grouped_stage1(common, batch, head_num, kv_group_num, max_kv_splits, block_dmodel, block_dv,
+                               logit_cap, window, dot_needs_fp32(q.dtype), lk, lv)
     _fwd_kernel_stage2[(batch, head_num)](
         attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2), attn_lse.stride(0), attn_lse.stride(1),
         o.stride(0), o.stride(1),
         MAX_KV_SPLITS=max_kv_splits, MIN_BLOCK_KV=_MIN_BLOCK_KV, SLIDING_WINDOW=window,
         BLOCK_DV=block_dv, Lv=lv,
+        num_warps=4, num_stages=2,
+    )
+
+
+def _launch_grouped_stage1(common, batch, head_num, kv_group_num, max_kv_splits, block_dmodel, block_dv,
+                           logit_cap, window, dot_fp32, lk, lv):
+    grid = (batch, triton.cdiv(head_num, min(_BLOCK_H, kv_group_num)), max_kv_splits)
+    _fwd_grouped_kernel_stage1[grid](
+        *common,
+        kv_group_num=kv_group_num, q_head_num=head_num,
+        BLOCK_DMODEL=block_dmodel, BLOCK_DV=block_dv, BLOCK_N=32, BLOCK_H=_BLOCK_H,
+        MIN_BLOCK_KV=_MIN_BLOCK_KV, logit_cap=float(logit_cap), SLIDING_WINDOW=window,
+        DOT_FP32=dot_fp32, Lk=lk, Lv=lv,
         num_warps=4, num_stages=2,
     )
