@@ -159,3 +159,18 @@ def test_dense_model_has_no_pool(tmp_path):
     r = ModelRunner(make_tiny_model(str(tmp_path / "l"), "llama"), max_total_tokens=256, max_running_requests=4,
                     disable_tqdm=True)
     assert r.mamba_pool is None
+
+
+def test_pd_kv_args_describe_the_pool_slot_by_slot():
+    from sglang.srt.disaggregation.base import kv_args_from_pools
+    from sglang.srt.disaggregation.utils import StateType
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    kv = MHATokenToKVPool(size=32, page_size=1, dtype=torch.float32, head_num=2, head_dim=4, layer_ids=[1],
+                          device="cpu")
+    pool = _pool()
+    args = kv_args_from_pools(kv, None, 1, mamba_pool=pool)
+    assert args.state_types == [StateType.MAMBA]
+    assert args.state_item_lens == [pool.state_item_lens()]
+    assert args.state_data_ptrs == [[t.data_ptr() for t in pool.state_tensors()]]
+    assert args.state_data_lens == [[t.nbytes for t in pool.state_tensors()]]
