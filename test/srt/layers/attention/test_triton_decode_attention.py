@@ -48,6 +48,12 @@ def test_mha_kernel_with_window_and_logit_cap(dtype):
     _run([9, 50, 70], 1, heads=2, kv_heads=2, head_dim=16, dtype=dtype, window=20, logit_cap=3.0, v_head_dim=8)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_several_blocks_per_split(kv_heads):
+    # 2 splits over 150 tokens: 96 + 54, i.e. several BLOCK_N blocks inside one split (online rescale).
+    _run([150, 7], 1, heads=2, kv_heads=kv_heads, head_dim=16, dtype=torch.float32, max_kv_splits=2)
+
+
 def test_mqa_and_odd_head_dim():
     _run([33, 3], 16, heads=4, kv_heads=1, head_dim=16, dtype=torch.float32, v_head_dim=8)
 
