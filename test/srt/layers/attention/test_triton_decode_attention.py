@@ -14,10 +14,10 @@ from sglang.srt.layers.attention.triton_ops.torch_reference import decode_attent
 
 
 def _run(seq_lens, page_size, heads, kv_heads, head_dim, dtype, logit_cap=0.0, window=-1, max_kv_splits=4,
-         min_tokens_per_split=16, v_head_dim=None):
+         min_tokens_per_split=16, v_head_dim=None, kv_dtype=None):
     gen = fresh_generator()
     v_head_dim = v_head_dim or head_dim
-    req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, dtype, gen, v_head_dim)
+    req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, kv_dtype or dtype, gen, v_head_dim)
     lens = torch.tensor(seq_lens)
     kv_indptr, kv_indices = build_kv_indices(req_to_token, rpi, lens)
     bs = len(seq_lens)
@@ -74,6 +74,12 @@ def test_sliding_window(window):
 def test_bf16_upcasts_dot_under_interpreter():
     # bf16 tl.dot is wrong in the interpreter; the kernels upcast there (dot_needs_fp32).
     _run([30, 7], 16, heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_fp32_queries_over_bf16_pool(kv_heads):
+    # --kv-cache-dtype bf16 under an fp32 model: the bf16 side of the dot is upcast as well.
+    _run([30, 7], 1, heads=4, kv_heads=kv_heads, head_dim=16, dtype=torch.float32, kv_dtype=torch.bfloat16)
 
 
 def test_single_split_path():

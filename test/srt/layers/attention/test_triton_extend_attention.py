@@ -14,11 +14,11 @@ from sglang.srt.layers.attention.triton_ops.torch_reference import extend_attent
 
 
 def _run(prefix_lens, extend_lens, page_size, heads, kv_heads, head_dim, dtype, logit_cap=0.0, window=-1,
-         v_head_dim=None):
+         v_head_dim=None, kv_dtype=None):
     gen = fresh_generator()
     v_head_dim = v_head_dim or head_dim
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, dtype, gen, v_head_dim)
+    req_to_token, rpi, kb, vb, _ = random_pool(seq_lens, page_size, kv_heads, head_dim, kv_dtype or dtype, gen, v_head_dim)
     kv_indptr, kv_indices = build_kv_indices(req_to_token, rpi, torch.tensor(prefix_lens))
     qo_indptr = torch.zeros(len(extend_lens) + 1, dtype=torch.int32)
     qo_indptr[1:] = torch.cumsum(torch.tensor(extend_lens), 0)
@@ -60,3 +60,7 @@ def test_sliding_window(window):
 
 def test_bf16_upcasts_dot_under_interpreter():
     _run([6, 0], [20, 5], 16, heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+
+
+def test_fp32_queries_over_bf16_pool():
+    _run([6, 19], [20, 5], 1, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, kv_dtype=torch.bfloat16)

@@ -261,8 +261,9 @@ def decode_attention_fwd(
             num_warps=4 if lk <= 128 else 8, num_stages=2,
         )
     else:
+        dot_fp32 = any(dot_needs_fp32(t.dtype) for t in (q, k_buffer, v_buffer))
         _launch_grouped_stage1(common, batch, head_num, kv_group_num, max_kv_splits, block_dmodel, block_dv,
-                               logit_cap, window, dot_needs_fp32(q.dtype), lk, lv)
+                               logit_cap, window, dot_fp32, lk, lv)
     _fwd_kernel_stage2[(batch, head_num)](
         attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2), attn_lse.stride(0), attn_lse.stride(1),

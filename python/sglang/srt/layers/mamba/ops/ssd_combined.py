@@ -165,6 +165,7 @@ def mamba_chunk_scan_combined(
             DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
             D_PER_DIM=D is not None and D.dim() == 2, HAS_Z=z is not None, HAS_INIT=initial_states is not None,
             BLOCK_L=block_l, BLOCK_P=block_p, BLOCK_N=block_n,
+            num_warps=8 if block_l * block_n >= 8192 else 4,
         )
     res = res.view(batch, seqlen, nheads, headdim)
     if flat:
