@@ -235,6 +235,19 @@ def test_missing_mamba_indices_is_a_clear_error(runner):
         runner.req_to_token_pool.free(rows[0])
 
 
+@pytest.mark.parametrize("overrides", [
+    dict(time_step_min=0.5),  # the scan clamps dt to >= time_step_min; HF's decode step does not
+    dict(n_groups=1, use_conv_bias=False, use_bias=True, hybrid_override_pattern="*MM-"),
+])
+def test_variants_match_hf(tmp_path, overrides):
+    path = make_tiny_model(str(tmp_path / "v"), "nemotron_h", seed=7, **overrides)
+    prompt = random_prompt(19, seed=8)
+    ref = hf_reference(path, prompt, 4)
+    runner = _runner(path)
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens), ref)
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens, chunk_size=5), ref)
+
+
 MOE = dict(hybrid_override_pattern="ME*E-", n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
            moe_shared_expert_intermediate_size=40, n_group=4, topk_group=2, routed_scaling_factor=1.7)
 
