@@ -165,3 +165,22 @@ def test_page_size_mismatch_fails_at_bootstrap():
             rcv.failure_exception()
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("limit", [None, "16"])
+def test_many_blocks_split_across_engine_batches(monkeypatch, limit):
+    """Fully fragmented pages give more blocks than one Mooncake batch accepts (~2k); all still arrive."""
+    if limit:
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_MAX_TRANSFER_BLOCKS", limit)
+    p = PDPair(page_size=1, num_pages=1024)
+    try:
+        assert p.prefill.manager.max_transfer_blocks == int(limit or 2048)
+        src = np.arange(2, 1002, 2, dtype=np.int32)  # 500 pages, no two adjacent: 500 x 6 buffers = 3000 blocks
+        dst = np.arange(1001, 1, -2, dtype=np.int32)
+        snd, rcv = p.bootstrapped_pair(99, dst, aux_index=0)
+        snd.init(len(src), aux_index=0)
+        snd.send(src)
+        assert wait_poll(rcv, DONE, 30) == KVPoll.Success
+        _assert_pages_equal(p, src, dst)
+    finally:
+        p.close()
