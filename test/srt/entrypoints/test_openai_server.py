@@ -123,6 +123,23 @@ def test_completion_stop_string(server, tokenizer):
     assert c.choices[0].model_extra["matched_stop"] == stop
 
 
+def test_concurrent_completions_match_hf(server, tokenizer):
+    """Requests arriving together are batched by the scheduler; each still gets its own greedy text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"Concurrent prompt number {i} says" for i in range(6)]
+
+    def ask(p):
+        return server["client"].completions.create(model="tiny-test", prompt=p, max_tokens=6, temperature=0,
+                                                   extra_body=NO_EOS).choices[0].text
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        texts = list(pool.map(ask, prompts))
+    for p, text in zip(prompts, texts):
+        ref_ids, _, _ = hf_greedy_reference(server["model"], tokenizer.encode(p), 6)
+        assert text == tokenizer.decode(ref_ids)
+
+
 # ------------------------------------------------------------------------------------ chat
 
 
