@@ -245,6 +245,9 @@ def test_server_info(server):
         assert info["max_total_num_tokens"] == MAX_TOTAL_TOKENS
         assert info["context_len"] == CONTEXT_LEN
         assert info["version"] and info["frontend"] == "python"
+        assert info["api_key"] == "<redacted>"
+        # Provenance: derived values name the rule that set them (e.g. the attention backend on CPU).
+        assert info["resolution_sources"] and all(isinstance(v, str) for v in info["resolution_sources"].values())
         state = info["internal_states"][0]
         assert state["max_total_num_tokens"] == MAX_TOTAL_TOKENS
         assert "available_kv_tokens" in state

@@ -388,8 +388,11 @@ async def _server_info(state: ServerState) -> dict:
                 sources[name] = source
     from sglang import __version__
 
+    args = sa.resolved_dict()
+    if args.get("api_key"):
+        args["api_key"] = "<redacted>"  # never echo the secret back
     return {
-        **sa.resolved_dict(),
+        **args,
         **state.ctx.scheduler_info,
         "resolution_sources": sources,
         "startup_time": state.startup_time,
