@@ -13,6 +13,7 @@ import torch
 from sglang.srt.disaggregation.base import get_kv_class, kv_args_from_pools
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
+from sglang.srt.mem_cache.mamba_pool import MambaPool
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.utils import get_free_port
 
@@ -47,15 +48,17 @@ class Side:
         self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
         self.metadata = MetadataBuffers(8)
         self.state: Optional[List[torch.Tensor]] = None
-        if with_state:  # conv-like and ssm-like per-slot tensors, slot = dim 0
-            self.state = [torch.zeros(6, 3, 4, dtype=torch.float32), torch.zeros(6, 2, 4, 4, dtype=torch.bfloat16)]
+        self.mamba_pool = None
+        if with_state:  # the real Mamba pool: conv + SSM state per layer, one slot per request
+            self.mamba_pool = MambaPool(5, 2, (3, 4), (2, 4, 4), torch.float32, ssm_dtype=torch.bfloat16)
+            self.state = self.mamba_pool.state_tensors()
         if mode == DisaggregationMode.PREFILL:
             g = torch.Generator().manual_seed(seed)
             for b in self.pool.k_buffer + self.pool.v_buffer:
                 b.copy_(torch.randn(b.shape, generator=g).to(b.dtype))
             for t in self.state or []:
                 t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
-        self.kv_args = kv_args_from_pools(self.pool, self.metadata, page_size, mamba_pool=self.state)
+        self.kv_args = kv_args_from_pools(self.pool, self.metadata, page_size, mamba_pool=self.mamba_pool)
         self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
 
     def page(self, buf_idx: int, page: int) -> torch.Tensor:

@@ -84,3 +84,14 @@ def test_mismatches_raise_clear_errors():
     two = TransferKVChunk(1, np.array([1, 2], np.int32), slice(0, 2), True, None, [[0, 1]])
     with pytest.raises(AssertionError, match="Mamba should have single state index"):
         build_chunk_blocks(_args(states=(24, 40)), _reg(states=(24, 40)), _info([1, 2], state=[[1]]), two)
+
+
+def test_state_indices_on_one_side_only_is_an_error():
+    chunk = TransferKVChunk(3, np.array([1], np.int32), slice(0, 1), True, None, [[2]])
+    with pytest.raises(RuntimeError, match="mamba state indices given by prefill only"):
+        build_chunk_blocks(_args(states=(24, 40)), _reg(states=(24, 40)), _info([1]), chunk)
+    no_src = TransferKVChunk(3, np.array([1], np.int32), slice(0, 1), True, None, None)
+    with pytest.raises(RuntimeError, match="given by decode only"):
+        build_chunk_blocks(_args(states=(24, 40)), _reg(states=(24, 40)), _info([1], state=[[4]]), no_src)
+    # neither side: a request without state (nothing to send) is fine
+    assert len(build_chunk_blocks(_args(states=(24, 40)), _reg(states=(24, 40)), _info([1]), no_src)[0]) == 2

@@ -139,3 +139,18 @@ def test_bootstrap_server_up_but_prefill_never_registered(short_timeouts):
     finally:
         empty.close()
         p.close()
+
+
+def test_many_requests_to_dead_prefill_all_fail_in_time(pair):
+    """Bootstrap retries are per address, so a crowd of requests to a dead prefill cannot push each
+    other past the timeout, and a healthy prefill's requests still bootstrap meanwhile."""
+    dead = f"127.0.0.1:{get_free_port()}"
+    receivers = [pair.receiver(100 + i, addr=dead) for i in range(20)]
+    t0 = time.monotonic()
+    for r in receivers:
+        r.init(0)
+    snd, ok = pair.bootstrapped_pair(200, [1], aux_index=0, timeout=1.0)
+    assert ok.poll() == KVPoll.Transferring
+    for r in receivers:
+        assert wait_poll(r, DONE, 5) == KVPoll.Failed
+    assert time.monotonic() - t0 < 2.5

@@ -72,8 +72,15 @@ def build_chunk_blocks(kv_args, reg, info, chunk) -> Tuple[List[int], List[int],
 
     state_indices = chunk.state_indices or []
     for t, state_type in enumerate(kv_args.state_types):
-        if t >= len(state_indices) or t >= len(info.dst_state_indices):
+        has_src = t < len(state_indices) and len(state_indices[t]) > 0
+        has_dst = t < len(info.dst_state_indices) and len(info.dst_state_indices[t]) > 0
+        if not has_src and not has_dst:
             continue
+        if has_src != has_dst:  # silently dropping recurrent state would corrupt decode's outputs
+            raise RuntimeError(
+                f"Request {chunk.room}: {state_type.value} state indices given by "
+                f"{'prefill' if has_src else 'decode'} only; both peers must pass state_indices"
+            )
         src_idx, dst_idx = list(state_indices[t]), list(info.dst_state_indices[t])
         src_ptrs, item_lens = kv_args.state_data_ptrs[t], kv_args.state_item_lens[t]
         dst_ptrs = reg.dst_state_data_ptrs[t] if t < len(reg.dst_state_data_ptrs) else []

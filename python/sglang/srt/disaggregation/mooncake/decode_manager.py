@@ -144,6 +144,7 @@ class DecodeManagerMixin:
             except queue.Empty:
                 pass
             still: List["MooncakeKVReceiver"] = []
+            pass_errors: Dict[str, Exception] = {}  # one failed try per address per pass, not per request
             for rcv in pending:
                 if rcv.conclude_state is not None or self.check_status(rcv.bootstrap_room) == KVPoll.Failed:
                     continue
@@ -153,11 +154,14 @@ class DecodeManagerMixin:
                     continue
                 remaining = rcv.bootstrap_deadline - now
                 try:
+                    if rcv.bootstrap_addr in pass_errors:
+                        raise pass_errors[rcv.bootstrap_addr]
                     ranks = self._resolve(rcv, timeout=max(0.1, min(2.0, remaining)))
                 except _FatalBootstrapError as e:
                     self.fail(rcv.bootstrap_room, f"Bootstrap with prefill {rcv.bootstrap_addr} failed: {e}")
                     continue
                 except Exception as e:
+                    pass_errors[rcv.bootstrap_addr] = e
                     if time.monotonic() >= rcv.bootstrap_deadline:
                         self.fail(
                             rcv.bootstrap_room,
@@ -168,7 +172,10 @@ class DecodeManagerMixin:
                         rcv.next_bootstrap_try = now + min(0.5, max(0.05, self.bootstrap_timeout / 20))
                         still.append(rcv)
                     continue
-                rcv._on_bootstrapped(ranks)
+                try:
+                    rcv._on_bootstrapped(ranks)
+                except Exception as e:
+                    self.fail(rcv.bootstrap_room, f"Sending metadata of request {rcv.bootstrap_room} to prefill failed: {e}")
             pending = still
 
     def _heartbeat_thread(self) -> None:
@@ -183,15 +190,20 @@ class DecodeManagerMixin:
                     continue
                 self.heartbeat_failures[addr] = self.heartbeat_failures.get(addr, 0) + 1
                 if self.heartbeat_failures[addr] >= self.heartbeat_max_failure:
-                    self._handle_node_failure(addr)
+                    try:
+                        self._handle_node_failure(addr)
+                    except Exception:  # the heartbeat must outlive any one failure
+                        logger.exception("Handling the loss of prefill %s failed", addr)
 
     def _handle_node_failure(self, addr: str) -> None:
         self.prefill_info_cache.pop(addr, None)
         self.heartbeat_failures.pop(addr, None)
-        for key in [k for k in self.connection_pool if k[0] == addr]:
-            for r in self.connection_pool.pop(key):
+        # list(...) snapshots in C: other threads add rooms / connections while we walk them
+        for key in [k for k in list(self.connection_pool) if k[0] == addr]:
+            for r in self.connection_pool.pop(key, []):
                 self.registered_peers.discard(f"{r['rank_ip']}:{r['rank_port']}")
-        affected = [r for r in self.addr_to_rooms.get(addr, set()) if self.check_status(r) not in (KVPoll.Success, KVPoll.Failed, None)]
+        rooms = list(self.addr_to_rooms.get(addr, ()))
+        affected = [r for r in rooms if self.check_status(r) not in (KVPoll.Success, KVPoll.Failed, None)]
         for room in affected:
             self.fail(room, f"Losing connection with prefill instance (bootstrap_addr: {addr}), affected {len(affected)} requests")
         logger.error("Lost connection with prefill instance (bootstrap_addr: %s), affected %d requests", addr, len(affected))

@@ -150,7 +150,7 @@ class PrefillManagerMixin:
         self.fail(room, reason)
         infos = self.transfer_infos.pop(room, {})
         if notify:
-            for info in infos.values():
+            for info in list(infos.values()):
                 self._push(info.endpoint, info.dst_port, build_status_message(room, KVPoll.Failed, self.kv_args.engine_rank, reason))
 
     def add_transfer_request(self, room: int, kv_indices: np.ndarray, index_slice: slice, is_last: bool, aux_index=None, state_indices=None) -> None:
@@ -215,7 +215,7 @@ class PrefillManagerMixin:
         m.transfer_latency_s = (m.transfer_latency_s or 0.0) + time.perf_counter() - t0
         m.transfer_total_bytes += total_bytes
         if chunk.is_last:
-            for info in infos.values():
+            for info in list(infos.values()):
                 self._push(info.endpoint, info.dst_port, build_status_message(room, KVPoll.Success, self.kv_args.engine_rank))
             self.update_status(room, KVPoll.Success)
             self.transfer_infos.pop(room, None)
