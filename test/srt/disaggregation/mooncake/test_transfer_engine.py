@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang.srt.disaggregation.mooncake.transfer_engine import MooncakeTransferEngine
+from sglang.srt.disaggregation.mooncake.transfer_engine import MooncakeTransferEngine, resolve_ib_device
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +65,14 @@ def test_register_failure_message(engines):
     with pytest.raises(RuntimeError) as e:
         a.register(buf.data_ptr(), 0)  # Mooncake rejects zero-length regions
     assert str(e.value).startswith("Mooncake memory registration failed (ret=")
+
+
+def test_resolve_ib_device_forms(tmp_path):
+    assert resolve_ib_device(None, 0) == "" and resolve_ib_device("mlx5_0", 3) == "mlx5_0"
+    assert resolve_ib_device("mlx5_0,mlx5_1", 0) == "mlx5_0,mlx5_1"
+    assert resolve_ib_device('{"0": "mlx5_0", "1": ["mlx5_1", "mlx5_2"]}', 1) == "mlx5_1,mlx5_2"
+    f = tmp_path / "ib.json"
+    f.write_text('{"0": "mlx5_9"}')
+    assert resolve_ib_device(str(f), 0) == "mlx5_9"
+    with pytest.raises(ValueError, match="No InfiniBand device configured for GPU 2"):
+        resolve_ib_device(str(f), 2)

@@ -8,6 +8,7 @@ use to address us (`f"{hostname}:{rpc_port}"`), and upstream's error messages.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -20,6 +21,25 @@ _INSTALL_HINT = (
     "Please install mooncake by following the instructions at "
     "https://kvcache-ai.github.io/Mooncake/getting_started/build.html to run SGLang with MooncakeTransferEngine."
 )
+
+
+def resolve_ib_device(ib_device: Optional[str], gpu_id: Optional[int]) -> str:
+    """`--disaggregation-ib-device` forms: "mlx5_0", "mlx5_0,mlx5_1", a JSON object mapping GPU ids
+    to devices ('{"0": "mlx5_0", "1": "mlx5_1"}'), or the path of a file holding that JSON."""
+    if not ib_device:
+        return ""
+    text = ib_device.strip()
+    if not text.startswith("{") and os.path.isfile(text):
+        with open(text) as f:
+            text = f.read().strip()
+    if text.startswith("{"):
+        mapping = json.loads(text)
+        key = str(gpu_id if gpu_id is not None else 0)
+        if key not in mapping:
+            raise ValueError(f"No InfiniBand device configured for GPU {key} in --disaggregation-ib-device {ib_device!r}")
+        value = mapping[key]
+        return ",".join(value) if isinstance(value, list) else str(value)
+    return text
 
 
 def _wrap_ipv6(host: str) -> str:
@@ -38,7 +58,7 @@ class MooncakeTransferEngine:
         self.ib_device = ib_device
         force_tcp = force_tcp or os.environ.get("MC_FORCE_TCP", "") in ("1", "true", "True")
         self.protocol = "tcp" if force_tcp else os.environ.get("MOONCAKE_PROTOCOL", "rdma")
-        device_name = "" if force_tcp else (ib_device or "")
+        device_name = "" if force_tcp else resolve_ib_device(ib_device, gpu_id)
         self.initialize(hostname, device_name)
         self.session_id = f"{_wrap_ipv6(hostname)}:{self.engine.get_rpc_port()}"
 
