@@ -27,22 +27,8 @@ _BLOCK_H = 16
 _MIN_BLOCK_KV = 32
 
 
-@triton.jit
-def _tanh(x):
-    return 2 * tl.sigmoid(2 * x) - 1
-
-
-@triton.jit
-def _split_range(seq_len, kv_splits, split_id, SLIDING_WINDOW: tl.constexpr, MIN_BLOCK_KV: tl.constexpr):
-    """[start, end) of split `split_id` over the visible KV positions of one request."""
-    win_start = 0
-    if SLIDING_WINDOW > 0:
-        win_start = tl.maximum(seq_len - SLIDING_WINDOW, 0)
-    vis_len = seq_len - win_start
-    per_split = tl.cdiv(tl.cdiv(vis_len, kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV
-    start = win_start + per_split * split_id
-    end = tl.minimum(start + per_split, seq_len)
-    return start, end
+# Kernels inline their small helpers (split bounds, tanh via exp): under Triton's interpreter
+# every call of a jitted helper re-patches triton.language, which costs milliseconds.
 
 
 @triton.jit
@@ -66,7 +52,13 @@ def _fwd_kernel_stage1(
     kv_start_idx = tl.load(kv_indptr + cur_batch).to(tl.int64)
     seq_len = tl.load(kv_indptr + cur_batch + 1).to(tl.int32) - kv_start_idx.to(tl.int32)
     kv_splits = tl.load(num_kv_splits + cur_batch)
-    split_start, split_end = _split_range(seq_len, kv_splits, split_kv_id, SLIDING_WINDOW, MIN_BLOCK_KV)
+    # Split bounds over the visible positions [win_start, seq_len), in multiples of MIN_BLOCK_KV.
+    win_start = 0
+    if SLIDING_WINDOW > 0:
+        win_start = tl.maximum(seq_len - SLIDING_WINDOW, 0)
+    per_split = (((seq_len - win_start) + kv_splits - 1) // kv_splits + MIN_BLOCK_KV - 1) // MIN_BLOCK_KV * MIN_BLOCK_KV
+    split_start = win_start + per_split * split_kv_id
+    split_end = tl.minimum(split_start + per_split, seq_len)
 
     if split_end > split_start:
         q = tl.load(Q + cur_batch.to(tl.int64) * stride_qbs + cur_head * stride_qh + offs_d, mask=mask_d, other=0.0)
@@ -82,7 +74,7 @@ def _fwd_kernel_stage1(
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
             qk = tl.sum(q[None, :] * k.to(tl.float32), 1) * sm_scale
             if logit_cap > 0:
-                qk = logit_cap * _tanh(qk / logit_cap)
+                qk = logit_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / logit_cap) + 1.0))  # cap * tanh(qk / cap)
             qk = tl.where(mask_n, qk, float("-inf"))
             v = tl.load(V_Buffer + kv_loc[:, None] * stride_buf_vbs + cur_head * stride_buf_vh + offs_dv[None, :],
                         mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
@@ -115,7 +107,7 @@ def _fwd_grouped_kernel_stage1(
         VALID_BLOCK_H: tl.constexpr = BLOCK_H
     else:
         VALID_BLOCK_H: tl.constexpr = kv_group_num
-    cur_kv_head = cur_head_id // tl.cdiv(kv_group_num, BLOCK_H)
+    cur_kv_head = cur_head_id // ((kv_group_num + BLOCK_H - 1) // BLOCK_H)
     cur_head = cur_head_id * VALID_BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = (cur_head < (cur_head_id + 1) * VALID_BLOCK_H) & (cur_head < q_head_num)
 
@@ -127,7 +119,13 @@ def _fwd_grouped_kernel_stage1(
     kv_start_idx = tl.load(kv_indptr + cur_batch).to(tl.int64)
     seq_len = tl.load(kv_indptr + cur_batch + 1).to(tl.int32) - kv_start_idx.to(tl.int32)
     kv_splits = tl.load(num_kv_splits + cur_batch)
-    split_start, split_end = _split_range(seq_len, kv_splits, split_kv_id, SLIDING_WINDOW, MIN_BLOCK_KV)
+    # Split bounds over the visible positions [win_start, seq_len), in multiples of MIN_BLOCK_KV.
+    win_start = 0
+    if SLIDING_WINDOW > 0:
+        win_start = tl.maximum(seq_len - SLIDING_WINDOW, 0)
+    per_split = (((seq_len - win_start) + kv_splits - 1) // kv_splits + MIN_BLOCK_KV - 1) // MIN_BLOCK_KV * MIN_BLOCK_KV
+    split_start = win_start + per_split * split_kv_id
+    split_end = tl.minimum(split_start + per_split, seq_len)
 
     e_max = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
     e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -147,7 +145,7 @@ def _fwd_grouped_kernel_stage1(
             qk = tl.dot(q, k.to(q.dtype))
             qk *= sm_scale
             if logit_cap > 0:
-                qk = logit_cap * _tanh(qk / logit_cap)
+                qk = logit_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / logit_cap) + 1.0))  # cap * tanh(qk / cap)
             qk = tl.where(mask_h[:, None] & mask_n[None, :], qk, float("-inf"))
 
             offs_v = kv_loc[:, None] * stride_buf_vbs + cur_kv_head * stride_buf_vh + offs_dv[None, :]
@@ -194,8 +192,13 @@ def _fwd_kernel_stage2(
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     base_o = cur_batch.to(tl.int64) * stride_mid_ob + cur_head * stride_mid_oh
     base_lse = cur_batch.to(tl.int64) * stride_lse_b + cur_head * stride_lse_h
+    win_start = 0
+    if SLIDING_WINDOW > 0:
+        win_start = tl.maximum(seq_len - SLIDING_WINDOW, 0)
+    per_split = (((seq_len - win_start) + kv_splits - 1) // kv_splits + MIN_BLOCK_KV - 1) // MIN_BLOCK_KV * MIN_BLOCK_KV
     for split_kv_id in range(0, MAX_KV_SPLITS):
-        split_start, split_end = _split_range(seq_len, kv_splits, split_kv_id, SLIDING_WINDOW, MIN_BLOCK_KV)
+        split_start = win_start + per_split * split_kv_id
+        split_end = tl.minimum(split_start + per_split, seq_len)
         if split_end > split_start:
             tv = tl.load(Mid_O + base_o + split_kv_id * stride_mid_os + offs_d, mask=mask_d, other=0.0)
             tlogic = tl.load(Mid_Lse + base_lse + split_kv_id)

@@ -21,27 +21,8 @@ from sglang.srt.layers.attention.triton_ops import dot_needs_fp32, use_interpret
 use_interpreter_without_gpu()
 
 
-@triton.jit
-def _tanh(x):
-    return 2 * tl.sigmoid(2 * x) - 1
-
-
-@triton.jit
-def _online_block(acc, e_max, deno, q, k, v, mask, sm_scale, logit_cap: tl.constexpr):
-    """One online-softmax step: scores q·k (k given as [D, N]) under `mask`, accumulated into acc."""
-    qk = tl.dot(q, k.to(q.dtype))
-    qk *= sm_scale
-    if logit_cap > 0:
-        qk = logit_cap * _tanh(qk / logit_cap)
-    qk = tl.where(mask, qk, float("-inf"))
-    n_e_max = tl.maximum(tl.max(qk, 1), e_max)
-    # A row can have no visible key in this block (window, padding rows): keep it finite.
-    safe_max = tl.where(n_e_max == float("-inf"), 0.0, n_e_max)
-    re_scale = tl.exp(e_max - safe_max)
-    p = tl.exp(qk - safe_max[:, None])
-    deno = deno * re_scale + tl.sum(p, 1)
-    acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, n_e_max, deno
+# The online-softmax step is written out in both loops rather than called: under Triton's
+# interpreter every call of a jitted helper re-patches triton.language (milliseconds each).
 
 
 @triton.jit
@@ -100,7 +81,18 @@ def _fwd_kernel(
             mask = mask_m[:, None] & mask_n[None, :]
             if SLIDING_WINDOW > 0:
                 mask &= offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW
-            acc, e_max, deno = _online_block(acc, e_max, deno, q, k, v, mask, sm_scale, logit_cap)
+            qk = tl.dot(q, k.to(q.dtype)) * sm_scale
+            if logit_cap > 0:
+                qk = logit_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / logit_cap) + 1.0))  # cap * tanh(qk / cap)
+            qk = tl.where(mask, qk, float("-inf"))
+            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
+            # A row can have no visible key in this block (window, padding rows): keep it finite.
+            safe_max = tl.where(n_e_max == float("-inf"), 0.0, n_e_max)
+            re_scale = tl.exp(e_max - safe_max)
+            p = tl.exp(qk - safe_max[:, None])
+            deno = deno * re_scale + tl.sum(p, 1)
+            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
+            e_max = n_e_max
 
         # Stage 2: the new tokens themselves, causal.
         ext_lo = 0
@@ -120,7 +112,18 @@ def _fwd_kernel(
             mask = mask_m[:, None] & mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
             if SLIDING_WINDOW > 0:
                 mask &= offs_n[None, :] > offs_m[:, None] - SLIDING_WINDOW
-            acc, e_max, deno = _online_block(acc, e_max, deno, q, k, v, mask, sm_scale, logit_cap)
+            qk = tl.dot(q, k.to(q.dtype)) * sm_scale
+            if logit_cap > 0:
+                qk = logit_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / logit_cap) + 1.0))  # cap * tanh(qk / cap)
+            qk = tl.where(mask, qk, float("-inf"))
+            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
+            # A row can have no visible key in this block (window, padding rows): keep it finite.
+            safe_max = tl.where(n_e_max == float("-inf"), 0.0, n_e_max)
+            re_scale = tl.exp(e_max - safe_max)
+            p = tl.exp(qk - safe_max[:, None])
+            deno = deno * re_scale + tl.sum(p, 1)
+            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v)
+            e_max = n_e_max
 
         offs_o = (seq_start_extend + offs_m[:, None]) * stride_obs + cur_head * stride_oh + offs_dv[None, :]
         deno = tl.where(mask_m, deno, 1.0)  # rows past the request's end: avoid 0/0

@@ -81,7 +81,7 @@ def _conv1d_fwd_kernel(
                          other=0.0).to(tl.float32)
             acc += w[:, None] * (xv + sv)
         if SILU:
-            acc = acc * tl.sigmoid(acc)
+            acc = acc / (1.0 + tl.exp(-acc))  # silu
         tl.store(o_base + offs_d[:, None] * stride_o_dim + offs_l[None, :] * stride_o_tok,
                  acc.to(Out.dtype.element_ty), mask=mask_d[:, None] & mask_l[None, :])
 
@@ -175,7 +175,7 @@ def _conv1d_update_kernel(
                              mask=mask_d & (c >= state_len), other=0.0).to(tl.float32)
                 acc += w * (sv + xv)
             if SILU:
-                acc = acc * tl.sigmoid(acc)
+                acc = acc / (1.0 + tl.exp(-acc))  # silu
             tl.store(Out + b.to(tl.int64) * stride_o_b + offs_d * stride_o_dim + t * stride_o_tok,
                      acc.to(Out.dtype.element_ty), mask=mask_d)
         offs_s = tl.arange(0, BLOCK_S)

@@ -67,7 +67,7 @@ def _selective_scan_update_kernel(
         out += x * tl.load(D + h * d_h + offs_m * d_d, mask=mask_m, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(Z + b * z_b + h * z_h + offs_m * z_d, mask=mask_m, other=0.0).to(tl.float32)
-        out *= z * tl.sigmoid(z)
+        out *= z / (1.0 + tl.exp(-z))  # silu(z)
     tl.store(Out + b * o_b + h * o_h + offs_m * o_d, out.to(Out.dtype.element_ty), mask=mask_m)
 
 

@@ -97,7 +97,7 @@ def _ssd_fused_kernel(
         if HAS_Z:
             z = tl.load(Z + tok[:, None] * z_t + h * z_h + offs_p[None, :] * z_p,
                         mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-            y *= z * tl.sigmoid(z)
+            y *= z / (1.0 + tl.exp(-z))  # silu(z)
         tl.store(Out + tok[:, None] * o_t + h * o_h + offs_p[None, :] * o_p, y.to(Out.dtype.element_ty),
                  mask=mask_l[:, None] & mask_p[None, :])
 
