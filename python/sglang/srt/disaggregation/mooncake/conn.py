@@ -13,7 +13,13 @@ API for the scheduler (see also `disaggregation/base.py`):
 
 Data path: for each chunk the prefill worker groups (src page, dst page) pairs into contiguous runs
 and writes every layer's K and V run (plus, for the last chunk, the metadata row and the state
-slots) with ONE `batch_transfer_sync_write`. Control path: ZMQ PUSH -> PULL frames of messages.py.
+slots) with ONE `batch_transfer_sync_write` (split only past SGLANG_DISAGGREGATION_MAX_TRANSFER_BLOCKS,
+default 2048: Mooncake refuses larger batches). Control path: ZMQ PUSH -> PULL frames of messages.py.
+Mooncake over TCP costs ~0.1-0.2 ms per block, so fragmented page_size=1 layouts are slow
+(benchmark/pd_transfer.py --layout random); contiguous pages run at engine bandwidth.
+
+Code layout: `prefill_manager.py` / `decode_manager.py` hold the two halves of the manager,
+`blocks.py` the address arithmetic, `messages.py` the frames, `transfer_engine.py` the engine.
 
 Timeouts (read from the environment when the manager is built, so tests can shrink them):
 `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` (prefill: decode metadata never came; decode: bootstrap
