@@ -184,3 +184,45 @@ def test_many_blocks_split_across_engine_batches(monkeypatch, limit):
         _assert_pages_equal(p, src, dst)
     finally:
         p.close()
+
+
+def test_concurrent_requests_with_random_chunking():
+    """24 requests in flight at once over the 4 transfer workers, each sent in 1-3 chunks in an
+    interleaved order: every page lands where its own request asked, every metadata row arrives."""
+    p = PDPair(page_size=2, num_pages=512)
+    rng = np.random.default_rng(5)
+    try:
+        pages_src = rng.permutation(np.arange(1, 513, dtype=np.int32))
+        pages_dst = rng.permutation(np.arange(1, 513, dtype=np.int32))
+        reqs = []
+        off = 0
+        for i in range(24):
+            n = int(rng.integers(1, 20))
+            src, dst = pages_src[off : off + n], pages_dst[off : off + n]
+            off += n
+            room = 7000 + i
+            meta_src, meta_dst = i % 8, (i * 3) % 8
+            snd, rcv = p.bootstrapped_pair(room, dst, aux_index=meta_dst)
+            cuts = sorted(set(rng.integers(1, n, size=2).tolist())) if n > 2 else []
+            chunks = [c for c in np.split(src, cuts) if len(c)]
+            reqs.append([room, snd, rcv, src, dst, chunks, meta_src, meta_dst])
+        # interleave: round-robin over requests, one chunk each
+        while any(r[5] for r in reqs):
+            for r in reqs:
+                room, snd, rcv, src, dst, chunks, meta_src, meta_dst = r
+                if not chunks:
+                    continue
+                if snd.num_kv_indices is None:
+                    snd.init(len(src), aux_index=meta_src)
+                if len(chunks) == 1:  # the last chunk carries this request's metadata row
+                    p.prefill.metadata.set_buf(meta_src, output_id=room, bootstrap_room=room)
+                    snd.send(chunks.pop(0))
+                    assert wait_poll(rcv, DONE, 10) == KVPoll.Success  # row slot is reused by a later request
+                    assert p.decode.metadata.get_buf(meta_dst).bootstrap_room == room
+                else:
+                    snd.send(chunks.pop(0))
+        for room, snd, rcv, src, dst, *_ in reqs:
+            assert wait_poll(snd, DONE, 10) == KVPoll.Success
+            _assert_pages_equal(p, src, dst)
+    finally:
+        p.close()
