@@ -154,3 +154,15 @@ def test_many_requests_to_dead_prefill_all_fail_in_time(pair):
     for r in receivers:
         assert wait_poll(r, DONE, 5) == KVPoll.Failed
     assert time.monotonic() - t0 < 2.5
+
+
+def test_decode_gone_before_send_fails_sender(pair):
+    """The decode instance disappears after sending its metadata: the write fails, no hang."""
+    snd, rcv = pair.bootstrapped_pair(300, [2, 3], aux_index=0)
+    pair.decode.manager.close()  # engine destroyed, sockets closed
+    snd.init(2, aux_index=0)
+    t0 = time.monotonic()
+    snd.send(np.array([4, 5], np.int32))
+    assert wait_poll(snd, DONE, 20) == KVPoll.Failed
+    assert time.monotonic() - t0 < 15
+    assert "Failed to send KV chunk of request 300" in _reason(snd)
