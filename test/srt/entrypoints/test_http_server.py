@@ -225,6 +225,13 @@ def test_api_key_required(server, method, path):
         assert r.json() == {"error": "Unauthorized"}
 
 
+def test_cors_preflight_needs_no_key(server):
+    r = requests.options(server["url"] + "/v1/chat/completions", timeout=30,
+                         headers={"Origin": "http://example.test", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] in ("*", "http://example.test")
+
+
 # ------------------------------------------------------------------------------------ info/control
 
 

@@ -356,3 +356,17 @@ def test_behind_the_sglang_router(server):
         except subprocess.TimeoutExpired:
             router.kill()
             router.wait(timeout=15)
+
+
+def test_tokenize_and_detokenize(server, tokenizer):
+    r = requests.post(server["url"] + "/v1/tokenize", json={"model": "tiny-test", "prompt": "Count my tokens"}, timeout=30)
+    assert r.status_code == 200, r.text
+    ids = tokenizer.encode("Count my tokens")
+    assert r.json() == {"tokens": ids, "count": len(ids), "max_model_len": CONTEXT_LEN}
+    r = requests.post(server["url"] + "/tokenize", json={"prompt": ["a b", "c"], "add_special_tokens": False}, timeout=30)
+    assert r.json()["count"] == [len(tokenizer.encode(p, add_special_tokens=False)) for p in ("a b", "c")]
+    r = requests.post(server["url"] + "/v1/detokenize", json={"tokens": ids}, timeout=30)
+    assert r.json() == {"text": tokenizer.decode(ids, skip_special_tokens=True)}
+    r = requests.post(server["url"] + "/detokenize", json={"tokens": [ids, ids[:2]]}, timeout=30)
+    assert r.json()["text"] == [tokenizer.decode(ids, skip_special_tokens=True),
+                                tokenizer.decode(ids[:2], skip_special_tokens=True)]

@@ -285,3 +285,28 @@ class ChatCompletionStreamResponse(BaseModel):
     model: str
     choices: List[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+
+
+# ----------------------------------------------------------------------------- tokenize
+
+
+class TokenizeRequest(_Lenient):
+    model: Optional[str] = None
+    prompt: Union[str, List[str]]
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    tokens: Union[List[int], List[List[int]]]
+    count: Union[int, List[int]]
+    max_model_len: int
+
+
+class DetokenizeRequest(_Lenient):
+    model: Optional[str] = None
+    tokens: Union[List[int], List[List[int]]]
+    skip_special_tokens: bool = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: Union[str, List[str]]
