@@ -1,5 +1,6 @@
 """`--attention-backend triton` through the real ModelRunner on a tiny hybrid-SWA Qwen3 (under the
-interpreter): logits equal HF transformers, greedy generation and ragged batches equal torch_native."""
+interpreter): logits equal HF transformers, ragged batches equal torch_native (greedy generation
+through the Engine: test_triton_backend_engine.py)."""
 
 import os
 
@@ -12,7 +13,6 @@ from paged_kv_fixtures import fresh_seed
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.test.hf_parity import assert_trace_close, hf_reference, our_batch_logits, our_logits, random_prompt
-from sglang.test.runner_utils import greedy_generate
 from sglang.test.tiny_models import make_tiny_model
 
 
@@ -34,13 +34,6 @@ def test_logits_match_hf_with_chunked_prefill_and_decode(model_dir):
     ref = hf_reference(model_dir, prompt, n_decode=4)
     ours = our_logits(runner, prompt, ref.tokens, chunk_size=8)  # chunks attend to a cached prefix
     assert_trace_close(ours, ref, atol=2e-4, rtol=2e-4)
-
-
-def test_greedy_generation_equals_torch_native(model_dir):
-    prompt = random_prompt(13, seed=fresh_seed())
-    outs = {b: greedy_generate(_runner(model_dir, b, page_size=1), prompt, 8) for b in ("torch_native", "triton")}
-    assert outs["triton"] == outs["torch_native"]
-    assert len(outs["triton"]) == 8
 
 
 def test_ragged_batch_equals_torch_native(model_dir):
