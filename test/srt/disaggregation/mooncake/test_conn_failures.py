@@ -166,3 +166,48 @@ def test_decode_gone_before_send_fails_sender(pair):
     assert wait_poll(snd, DONE, 20) == KVPoll.Failed
     assert time.monotonic() - t0 < 15
     assert "Failed to send KV chunk of request 300" in _reason(snd)
+
+
+def _transfer_ok(pair, room, src, dst):
+    snd, rcv = pair.bootstrapped_pair(room, dst, aux_index=0)
+    snd.init(len(src), aux_index=0)
+    snd.send(np.array(src, np.int32))
+    assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+    for b in range(pair.prefill.num_buffers):
+        for s_, d_ in zip(src, dst):
+            assert np.array_equal(pair.decode.page(b, d_).float().numpy(), pair.prefill.page(b, s_).float().numpy())
+
+
+def test_prefill_restart_behind_live_bootstrap_server(short_timeouts, monkeypatch):
+    """The prefill rank restarts (new rank port) while its bootstrap server stays up: decode's
+    request in flight on the old rank fails promptly, and new requests use the new rank."""
+    from pd_pair import Side
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "30")
+    pair = PDPair(page_size=2, num_pages=16)
+    try:
+        _transfer_ok(pair, 400, [1, 2], [3, 4])
+        snd, rcv = pair.bootstrapped_pair(401, [5], aux_index=1)
+        old_port = pair.prefill.manager.rank_port
+        pair.prefill.manager.close()
+        pair.prefill = Side(DisaggregationMode.PREFILL, pair.server_args, 2, 16, seed=1)
+        assert pair.prefill.manager.rank_port != old_port
+        t0 = time.monotonic()
+        assert wait_poll(rcv, DONE, 5) == KVPoll.Failed
+        assert time.monotonic() - t0 < 2.0
+        assert "restarted (rank endpoint" in _reason(rcv)
+        _transfer_ok(pair, 402, [6, 7], [8, 9])  # re-resolved and re-registered with the new rank
+    finally:
+        pair.close()
+
+
+def test_prefill_that_lost_our_registration_gets_it_again(pair):
+    _transfer_ok(pair, 500, [1], [2])
+    pair.prefill.manager.decode_kv_args_table.clear()  # as after a prefill-side state loss
+    snd, rcv = pair.bootstrapped_pair(501, [3], aux_index=0)
+    snd.init(1, aux_index=0)
+    snd.send(np.array([4], np.int32))
+    assert wait_poll(rcv, DONE, 10) == KVPoll.Failed
+    assert "has not registered its KV buffers" in _reason(rcv)
+    _transfer_ok(pair, 502, [5], [6])  # the next request re-sends the registration

@@ -9,6 +9,8 @@ from typing import Optional, Set
 logger = logging.getLogger("sglang.srt.disaggregation.mooncake.conn")
 
 ABORT_REASON = "Aborted by AbortReq."
+# Prefill's reason text when a decode session's buffers are unknown to it; decode re-registers on seeing it.
+UNREGISTERED_MARKER = "has not registered its KV buffers"
 
 
 def zmq_host(host: str) -> str:

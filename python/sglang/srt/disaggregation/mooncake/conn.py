@@ -280,6 +280,7 @@ class MooncakeKVReceiver(BaseKVReceiver):
         with self._lock:
             self.bootstrap_infos = ranks
             self.kv_mgr.required_prefill_responses[self.bootstrap_room] = len(ranks)
+            self.kv_mgr.room_peers[self.bootstrap_room] = [f"{r['rank_ip']}:{r['rank_port']}" for r in ranks]
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.WaitingForInput)
             if self._pending_metadata is not None:
                 self._send_to_prefill(self._pending_metadata)
@@ -342,6 +343,7 @@ class MooncakeKVReceiver(BaseKVReceiver):
         self.kv_mgr.clear_room(self.bootstrap_room)
         self.kv_mgr.required_prefill_responses.pop(self.bootstrap_room, None)
         self.kv_mgr.prefill_responses.pop(self.bootstrap_room, None)
+        self.kv_mgr.room_peers.pop(self.bootstrap_room, None)
         rooms = self.kv_mgr.addr_to_rooms.get(self.bootstrap_addr)
         if rooms is not None:
             rooms.discard(self.bootstrap_room)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import TYPE_CHECKING, Dict, List, Set
+from typing import TYPE_CHECKING, Dict, List, Optional, Set
 
 import requests
 import zmq
 
-from sglang.srt.disaggregation.mooncake.common import logger
+from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, logger
 from sglang.srt.disaggregation.mooncake.messages import KVArgsRegisterInfo, parse_kv_status_message
 from sglang.srt.disaggregation.utils import KVPoll
 
@@ -35,6 +35,8 @@ class DecodeManagerMixin:
     def _init_decode(self) -> None:
         self.prefill_info_cache: Dict[str, dict] = {}
         self.connection_pool: Dict[tuple, List[dict]] = {}
+        self.connection_queries: Dict[tuple, str] = {}  # /route query of each pooled connection (heartbeat re-checks it)
+        self.room_peers: Dict[int, List[str]] = {}
         self.registered_peers: Set[str] = set()
         self.addr_to_rooms: Dict[str, Set[int]] = {}
         self.heartbeat_failures: Dict[str, int] = {}
@@ -86,6 +88,10 @@ class DecodeManagerMixin:
             if room not in self.request_status:
                 continue
             if status == KVPoll.Failed:
+                if reason and UNREGISTERED_MARKER in reason:
+                    # the prefill lost our registration (it restarted): register again next time
+                    for peer in self.room_peers.get(room, ()):
+                        self.registered_peers.discard(peer)
                 self.fail(room, reason or f"Failed to get KV cache of request {room} from prefill rank {rank}")
             elif status == KVPoll.Success:
                 got = self.prefill_responses.setdefault(room, set())
@@ -126,6 +132,7 @@ class DecodeManagerMixin:
             tp_rank = self.kv_args.engine_rank % int(info.get("attn_tp_size", 1))
             q = f"prefill_dp_rank={dp_rank}&prefill_cp_rank=0&target_tp_rank={tp_rank}&target_pp_rank=0"
             ranks = [self._fetch_json(f"http://{addr}/route?{q}", timeout)]
+            self.connection_queries[key] = q
             self.connection_pool[key] = ranks
         for r in ranks:
             peer = f"{r['rank_ip']}:{r['rank_port']}"
@@ -187,6 +194,7 @@ class DecodeManagerMixin:
                     ok = False
                 if ok:
                     self.heartbeat_failures[addr] = 0
+                    self._check_rank_endpoints(addr)
                     continue
                 self.heartbeat_failures[addr] = self.heartbeat_failures.get(addr, 0) + 1
                 if self.heartbeat_failures[addr] >= self.heartbeat_max_failure:
@@ -195,17 +203,38 @@ class DecodeManagerMixin:
                     except Exception:  # the heartbeat must outlive any one failure
                         logger.exception("Handling the loss of prefill %s failed", addr)
 
-    def _handle_node_failure(self, addr: str) -> None:
+    def _check_rank_endpoints(self, addr: str) -> None:
+        """A prefill that restarted behind a live bootstrap server registers a new rank endpoint;
+        requests sent to the old one would wait for the full waiting timeout, so fail them now."""
+        for key in [k for k in list(self.connection_pool) if k[0] == addr]:
+            q = self.connection_queries.get(key)
+            old = self.connection_pool.get(key)
+            if q is None or not old:
+                continue
+            try:
+                fresh = self._fetch_json(f"http://{addr}/route?{q}", timeout=max(0.2, min(2.0, self.heartbeat_interval)))
+            except Exception:
+                continue  # not (yet) re-registered: /health failures handle a dead server
+            if (str(fresh.get("rank_ip")), int(fresh.get("rank_port", -1))) != (str(old[0]["rank_ip"]), int(old[0]["rank_port"])):
+                self._handle_node_failure(
+                    addr,
+                    f"Prefill instance behind bootstrap_addr {addr} restarted (rank endpoint "
+                    f"{old[0]['rank_ip']}:{old[0]['rank_port']} -> {fresh.get('rank_ip')}:{fresh.get('rank_port')})",
+                )
+                return
+
+    def _handle_node_failure(self, addr: str, reason: Optional[str] = None) -> None:
         self.prefill_info_cache.pop(addr, None)
         self.heartbeat_failures.pop(addr, None)
         # list(...) snapshots in C: other threads add rooms / connections while we walk them
         for key in [k for k in list(self.connection_pool) if k[0] == addr]:
+            self.connection_queries.pop(key, None)
             for r in self.connection_pool.pop(key, []):
                 self.registered_peers.discard(f"{r['rank_ip']}:{r['rank_port']}")
         rooms = list(self.addr_to_rooms.get(addr, ()))
         affected = [r for r in rooms if self.check_status(r) not in (KVPoll.Success, KVPoll.Failed, None)]
         for room in affected:
-            self.fail(room, f"Losing connection with prefill instance (bootstrap_addr: {addr}), affected {len(affected)} requests")
+            self.fail(room, reason or f"Losing connection with prefill instance (bootstrap_addr: {addr}), affected {len(affected)} requests")
         logger.error("Lost connection with prefill instance (bootstrap_addr: %s), affected %d requests", addr, len(affected))
 
 

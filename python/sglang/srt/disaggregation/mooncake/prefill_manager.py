@@ -16,7 +16,7 @@ import zmq
 
 from sglang.srt.disaggregation.base import KVTransferMetric
 from sglang.srt.disaggregation.mooncake.blocks import build_chunk_blocks
-from sglang.srt.disaggregation.mooncake.common import connect_host, env_float, logger
+from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, connect_host, env_float, logger
 from sglang.srt.disaggregation.mooncake.messages import (
     ABORT_TAG,
     REGISTRATION_ROOM,
@@ -197,7 +197,7 @@ class PrefillManagerMixin:
                 continue
             reg = self.decode_kv_args_table.get(info.mooncake_session_id)
             if reg is None:
-                raise RuntimeError(f"Decode instance {info.mooncake_session_id} has not registered its KV buffers")
+                raise RuntimeError(f"Decode instance {info.mooncake_session_id} {UNREGISTERED_MARKER}")
             srcs, dsts, lens = build_chunk_blocks(self.kv_args, reg, info, chunk)
             if not srcs:
                 continue
