@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from paged_kv_fixtures import fresh_generator, random_pool, tolerance
+from sglang.srt.layers.attention.triton_ops import decode_attention as decode_module
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd, get_num_kv_splits
 from sglang.srt.layers.attention.triton_ops.kv_utils import build_kv_indices
 from sglang.srt.layers.attention.triton_ops.torch_reference import decode_attention_ref
@@ -85,3 +86,10 @@ def test_fp32_queries_over_bf16_pool(kv_heads):
 def test_single_split_path():
     splits = _run([64, 17], 1, heads=2, kv_heads=1, head_dim=16, dtype=torch.float16, max_kv_splits=1)
     assert splits.max() == 1
+
+
+def test_mha_gpu_block_size(monkeypatch):
+    # GPUs step 64 tokens at a time inside 32-token-aligned splits: the last step is partial.
+    monkeypatch.setattr(decode_module, "mha_block_n", lambda q: 64)
+    _run([150, 33, 90], 1, heads=2, kv_heads=2, head_dim=16, dtype=torch.float32, max_kv_splits=3, window=70)
+    _run([150, 33, 90], 1, heads=2, kv_heads=2, head_dim=16, dtype=torch.float32, max_kv_splits=3)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from paged_kv_fixtures import fresh_generator, random_pool, tolerance
+from sglang.srt.layers.attention.triton_ops import extend_attention as extend_module
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.layers.attention.triton_ops.kv_utils import build_kv_indices
 from sglang.srt.layers.attention.triton_ops.torch_reference import extend_attention_ref
@@ -64,3 +65,11 @@ def test_bf16_upcasts_dot_under_interpreter():
 
 def test_fp32_queries_over_bf16_pool():
     _run([6, 19], [20, 5], 1, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, kv_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("tiles", [(64, 64), (64, 32), (16, 32)])
+def test_gpu_and_uneven_tile_sizes(monkeypatch, tiles):
+    # The tiles a GPU uses (BLOCK_M >= BLOCK_N), and BLOCK_M < BLOCK_N, on windows and prefixes.
+    monkeypatch.setattr(extend_module, "extend_tile_sizes", lambda q: tiles)
+    _run([0, 37, 70], [80, 6, 33], 16, heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, window=21)
+    _run([0, 37], [70, 40], 1, heads=2, kv_heads=1, head_dim=16, dtype=torch.float16)

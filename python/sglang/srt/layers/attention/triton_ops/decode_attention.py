@@ -216,6 +216,11 @@ def _fwd_kernel_stage2(
     )
 
 
+def mha_block_n(q: torch.Tensor) -> int:
+    """KV tokens per step of the MHA stage-1 kernel (splits are multiples of _MIN_BLOCK_KV = 32)."""
+    return 64 if q.is_cuda else 32
+
+
 def get_num_kv_splits(seq_lens: torch.Tensor, max_kv_splits: int, sliding_window_size: int = -1,
                       min_tokens_per_split: int = 256) -> torch.Tensor:
     """Splits per request: about one per `min_tokens_per_split` visible tokens, at most max_kv_splits."""
@@ -259,7 +264,7 @@ def decode_attention_fwd(
     )
     if kv_group_num == 1:
         _fwd_kernel_stage1[(batch, head_num, max_kv_splits)](
-            *common, BLOCK_DMODEL=block_dmodel, BLOCK_DV=block_dv, BLOCK_N=64 if q.is_cuda else 32,
+            *common, BLOCK_DMODEL=block_dmodel, BLOCK_DV=block_dv, BLOCK_N=mha_block_n(q),
             MIN_BLOCK_KV=_MIN_BLOCK_KV, logit_cap=float(logit_cap), SLIDING_WINDOW=window, Lk=lk, Lv=lv,
             num_warps=4 if lk <= 128 else 8, num_stages=2,
         )

@@ -131,6 +131,13 @@ def _fwd_kernel(
                  mask=mask_m[:, None] & mask_dv[None, :])
 
 
+def extend_tile_sizes(q_extend: torch.Tensor):
+    """(BLOCK_M, BLOCK_N): large tiles on GPUs, small ones for the interpreter (cost per element)."""
+    if q_extend.is_cuda:
+        return 64, (64 if q_extend.shape[-1] <= 128 else 32)
+    return 32, 32
+
+
 def extend_attention_fwd(
     q_extend: torch.Tensor,  # [T, q_heads, Lq]
     k_extend: torch.Tensor,  # [T, kv_heads, Lq]
@@ -158,8 +165,7 @@ def extend_attention_fwd(
     for t in (q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer):
         assert t.stride(-1) == 1
     window = int(sliding_window_size) if sliding_window_size and sliding_window_size > 0 else -1
-    block_m = 64 if torch.cuda.is_available() and q_extend.is_cuda else 32
-    block_n = 64 if block_m == 64 and lq <= 128 else 32
+    block_m, block_n = extend_tile_sizes(q_extend)
     grid = (batch, head_num, triton.cdiv(max_len_extend, block_m))
     _fwd_kernel[grid](
         q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
