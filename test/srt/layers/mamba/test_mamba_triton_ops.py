@@ -151,7 +151,7 @@ def test_chunk_scan_varlen_initial_states_z(dtype):
 
 def test_chunk_scan_batched_final_states_and_per_dim_d():
     gen = _gen()
-    b, L, nh, p, g, n = 2, 35, 2, 12, 1, 8  # headdim and dstate not powers of two... and L > chunk
+    b, L, nh, p, g, n = 2, 75, 2, 12, 1, 8  # headdim not a power of two; dstate below the 16-wide tile
     x = _r(gen, b, L, nh, p)
     dt = torch.rand(b, L, nh, generator=gen)
     A = -torch.rand(nh, generator=gen)
@@ -159,7 +159,8 @@ def test_chunk_scan_batched_final_states_and_per_dim_d():
     D = _r(gen, nh, p)
     h0 = _r(gen, b, nh, p, n)
     kw = dict(D=D, initial_states=h0, return_final_states=True)
-    y_ref, s_ref = ref.mamba_chunk_scan_combined(x, dt, A, B, C, 16, **kw)
-    y, s = mamba_chunk_scan_combined(x, dt, A, B, C, 16, **kw)
+    # chunk_size 256 (as models use): the kernel walks 64-token tiles, as on a GPU
+    y_ref, s_ref = ref.mamba_chunk_scan_combined(x, dt, A, B, C, 256, **kw)
+    y, s = mamba_chunk_scan_combined(x, dt, A, B, C, 256, **kw)
     torch.testing.assert_close(y, y_ref, atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(s, s_ref, atol=1e-3, rtol=1e-3)
