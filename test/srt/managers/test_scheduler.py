@@ -135,3 +135,22 @@ def test_abort_waiting_and_running(model_dir):
     for r in (r0, r1):
         assert r.finished_reason.to_json()["type"] == "abort"
     assert_no_leak(sched)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_hybrid_swa_model_matches_hf_under_pressure(tmp_path_factory, page_size):
+    """Qwen3 with sliding (window 8) and full layers: a hybrid SWA pool whose out-of-window SWA
+    slots are given back, shared prefixes through the tree, and retractions; HF's greedy tokens."""
+    d = make_tiny_model(str(tmp_path_factory.mktemp("swa")), "qwen3_swa", seed=4)
+    hf = load_hf_model(d)
+    sched = make_scheduler(d, page_size=page_size, max_total_tokens=288, chunked_prefill_size=48)
+    assert sched.model_runner.is_hybrid_swa
+    prefix = random_prompts(1, [64], seed=30)[0]
+    prompts = [prefix + p for p in random_prompts(6, [20] * 6, seed=31)]
+    reqs = [submit(sched, f"s{i}", p, 30) for i, p in enumerate(prompts)]
+    run_to_completion(sched)
+    for req, p in zip(reqs, prompts):
+        assert req.output_ids == hf_greedy(hf, p, 30), req.rid
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert_no_leak(sched)
+    assert sched.allocator.swa_available_size() == sched.allocator.swa_attn_allocator.size

@@ -28,7 +28,7 @@ def model_dir(tmp_path_factory):
 def test_server_args_object_and_pool_shapes(model_dir, caplog):
     args = SimpleNamespace(dtype="auto", page_size=16, max_total_tokens=1000, mem_fraction_static=None,
                            max_running_requests=5, context_length=300, attention_backend=None, device="cpu",
-                           disable_tqdm=True)
+                           disable_tqdm=True, disable_hybrid_swa_memory=True)
     with caplog.at_level(logging.INFO):
         r = ModelRunner(ModelConfig.from_path(model_dir), args)
     assert r.server_args is args
@@ -109,16 +109,15 @@ def test_hybrid_swa_pool_is_opt_in(model_dir, caplog):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True)
+    r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True, disable_hybrid_swa_memory=True)
     assert not r.is_hybrid_swa and isinstance(r.token_to_kv_pool, MHATokenToKVPool)
     with caplog.at_level(logging.INFO):
-        r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True,
-                        enable_hybrid_swa_memory=True)
+        r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True)
     assert r.is_hybrid_swa and isinstance(r.token_to_kv_pool, SWAKVPool)
     assert r.swa_max_total_num_tokens == 128  # 0.8 x 160, page-aligned down
     assert r.token_to_kv_pool.swa_layer_ids == [0, 2] and r.token_to_kv_pool.full_layer_ids == [1, 3]
     assert "[full] KV Cache is allocated. #tokens: 160" in caplog.text
     assert "[swa] KV Cache is allocated. #tokens: 128" in caplog.text
-    r = ModelRunner(model_dir, max_total_tokens=160, disable_tqdm=True, enable_hybrid_swa_memory=True,
+    r = ModelRunner(model_dir, max_total_tokens=160, disable_tqdm=True,
                     disable_hybrid_swa_memory=True)
     assert not r.is_hybrid_swa

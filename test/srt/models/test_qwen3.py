@@ -87,7 +87,7 @@ def test_qwen3_hybrid_swa_pool_reads_only_the_window(swa_dir, hf_swa, page_size)
     from sglang.test.runner_utils import ManualDriver
 
     runner = ModelRunner(swa_dir, max_total_tokens=512, page_size=page_size, max_running_requests=4,
-                         disable_tqdm=True, enable_hybrid_swa_memory=True, swa_full_tokens_ratio=0.5)
+                         disable_tqdm=True, swa_full_tokens_ratio=0.5)
     assert runner.is_hybrid_swa and isinstance(runner.token_to_kv_pool, SWAKVPool)
     assert runner.swa_max_total_num_tokens == 256
     alloc = runner.token_to_kv_pool_allocator

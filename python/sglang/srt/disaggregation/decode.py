@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, _evict_params
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -236,8 +236,3 @@ class DecodeQueues:
             self.retracted_queue.remove(req)
             s.running_reqs.append(req)
 
-
-def _evict_params(n: int):
-    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
-
-    return EvictParams(num_tokens=n)

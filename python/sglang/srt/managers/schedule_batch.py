@@ -100,6 +100,7 @@ class Req:
         self.lock_receipt = None
         self.cache_protected_len = 0
         self.kv_len = 0  # tokens with KV in the pool
+        self.swa_freed_len = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
         self.extend_input_len = 0
         self.is_chunked = 0
 
@@ -154,6 +155,7 @@ class Req:
         self.lock_receipt = None
         self.cache_protected_len = 0
         self.kv_len = 0
+        self.swa_freed_len = 0
         self.req_pool_idx = None
         self.is_chunked = 0
 
@@ -362,4 +364,5 @@ class ScheduleBatch:
 def _evict_params(num_tokens: int):
     from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
-    return EvictParams(num_tokens=num_tokens)
+    # Hybrid-SWA pools: each new token also needs an SWA slot, so free as many of those.
+    return EvictParams(num_tokens=num_tokens, swa_num_tokens=num_tokens)

@@ -71,7 +71,8 @@ class Scheduler:
                 req_to_token_pool=self.req_to_token_pool,
                 token_to_kv_pool_allocator=self.allocator,
                 page_size=self.page_size,
-                is_hybrid_swa=False,
+                is_hybrid_swa=model_runner.is_hybrid_swa,
+                sliding_window_size=self.model_config.sliding_window_size,
                 is_hybrid_ssm=self.model_config.is_hybrid_ssm,
                 disable_radix_cache=server_args.disable_radix_cache,
                 enable_hierarchical_cache=getattr(server_args, "enable_hierarchical_cache", False),
@@ -340,7 +341,21 @@ class Scheduler:
                 finished.append(req)
                 self.release_kv(req, insert=True)
         self.running_reqs = [r for r in batch.reqs if not r.finished()]
+        if self.model_runner.is_hybrid_swa:
+            self._free_swa_out_of_window(self.running_reqs)
         self.emit(batch.reqs)
+
+    def _free_swa_out_of_window(self, reqs: List[Req]) -> None:
+        """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to.
+
+        Only the request's own pages (past cache_protected_len); the tree keeps its own."""
+        window, ps = self.model_config.sliding_window_size, self.page_size
+        for req in reqs:
+            end = (req.kv_len - window) // ps * ps
+            start = max(req.swa_freed_len, req.cache_protected_len)
+            if end > start:
+                self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].clone())
+                req.swa_freed_len = end
 
     def retract(self, batch: ScheduleBatch) -> None:
         sa = self.server_args

@@ -9,11 +9,12 @@ keyword argument overrides the object's value (tests pass keywords only):
   dtype="auto", kv_cache_dtype="auto", page_size=1, max_total_tokens=None,
   mem_fraction_static=None, max_running_requests=None, context_length=None,
   attention_backend=None (torch_native on CPU, triton elsewhere), device=None (cpu),
-  enable_hybrid_swa_memory=False, disable_hybrid_swa_memory=False, swa_full_tokens_ratio=None (0.8).
+  disable_hybrid_swa_memory=False, swa_full_tokens_ratio=None (0.8).
 
 Models mixing sliding-window and full-attention layers get a hybrid `SWAKVPool` (SWA layers in
-a pool of `swa_full_tokens_ratio` x the full size) when `enable_hybrid_swa_memory` is set and
-`disable_hybrid_swa_memory` is not; otherwise one `MHATokenToKVPool` holds every layer.
+a pool of `swa_full_tokens_ratio` x the full size) unless `--disable-hybrid-swa-memory`, or the
+server is a PD role (transfer and retraction backups move one MHA pool); otherwise one
+`MHATokenToKVPool` holds every layer.
 
 KV pool size: `max_total_tokens` when given, else `mem_fraction_static` (default
 CPU_DEFAULT_MEM_FRACTION) x host memory available after loading the weights (psutil) divided by
@@ -54,9 +55,6 @@ _DEFAULTS = dict(
     disable_tqdm=False,
     swa_full_tokens_ratio=None,
     disable_hybrid_swa_memory=False,
-    # Fork switch, off until the scheduler passes `is_hybrid_swa=runner.is_hybrid_swa` to its
-    # tree cache: build an SWAKVPool for models that mix sliding-window and full layers.
-    enable_hybrid_swa_memory=False,
 )
 
 
@@ -165,7 +163,9 @@ class ModelRunner:
         opts = self.options
         self.is_hybrid_swa = bool(
             cfg.is_hybrid_swa and cfg.full_attention_layer_ids
-            and opts.enable_hybrid_swa_memory and not opts.disable_hybrid_swa_memory
+            and not opts.disable_hybrid_swa_memory
+            # PD transfer and retraction backups move a single MHA pool; PD roles keep one.
+            and getattr(self.server_args, "disaggregation_mode", "null") == "null"
         )
         kw = dict(page_size=self.page_size, dtype=self.kv_cache_dtype, head_num=cfg.num_key_value_heads,
                   head_dim=cfg.head_dim, device=self.device)

@@ -273,10 +273,12 @@ class UnifiedTreeCore:
             _, node = heapq.heappop(heap)
             if not self._evictable_leaf(node):
                 continue
-            parent = node.parent
-            self._delete_leaf(node, res)
-            if self._evictable_leaf(parent):
-                heapq.heappush(heap, (self._priority_key(parent), parent))
+            ancestor = node.parent
+            self._delete_leaf(node, res)  # may also delete data-less ancestors
+            while ancestor.deleted:
+                ancestor = ancestor.parent
+            if self._evictable_leaf(ancestor):
+                heapq.heappush(heap, (self._priority_key(ancestor), ancestor))
 
     def _evict_aux(self, ct: ComponentType, num_tokens: int, res: EvictResult) -> None:
         prio = self.components[ct].internal_priority
