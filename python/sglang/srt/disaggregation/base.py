@@ -3,6 +3,7 @@
 How the scheduler uses them (both roles build the same `KVArgs` from their own pools):
 
     kv_args = kv_args_from_pools(token_to_kv_pool, metadata_buffers, page_size, mamba_pool=None)
+    # with several DP schedulers set kv_args.system_dp_rank (and engine_rank for TP) before building the manager
     manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, server_args)
 
 Prefill, per request::
@@ -16,9 +17,9 @@ Prefill, per request::
 Decode, per request::
 
     receiver = get_kv_class(backend, KVClassType.RECEIVER)(manager, f"{host}:{port}", bootstrap_room)
-    receiver.init(prefill_dp_rank=0)   # resolves the prefill rank in the background
+    receiver.init(prefill_dp_rank=0)   # resolves the prefill rank in the background (None: room % dp_size)
     receiver.poll()                    # Bootstrapping -> WaitingForInput
-    receiver.send_metadata(page_indices_np_int32, aux_index, state_indices=None)
+    receiver.send_metadata(page_indices_np_int32, aux_index, state_indices=None)  # Mamba: [[slot]] on BOTH sides
     receiver.poll()                    # Transferring -> Success / Failed
 
 `poll()` never blocks; `failure_exception()` raises an exception whose text says why.

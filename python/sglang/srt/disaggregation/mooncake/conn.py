@@ -270,7 +270,10 @@ class MooncakeKVReceiver(BaseKVReceiver):
         mgr.addr_to_rooms.setdefault(bootstrap_addr, set()).add(bootstrap_room)
 
     def init(self, prefill_dp_rank: Optional[int] = 0) -> None:
-        """Queue bootstrap resolution (GET /route, registration) on the manager's thread; never blocks."""
+        """Queue bootstrap resolution (GET /route, registration) on the manager's thread; never blocks.
+
+        `prefill_dp_rank=None` derives it from the prefill's server info: `bootstrap_room % dp_size`
+        when it follows the bootstrap room (upstream default), else 0."""
         if prefill_dp_rank is not None:
             self.prefill_dp_rank = prefill_dp_rank
         self.bootstrap_deadline = time.monotonic() + self.kv_mgr.bootstrap_timeout

@@ -42,7 +42,6 @@ class TransferKVChunk:
         self.state_indices = state_indices
 
 
-
 class PrefillManagerMixin:
     def _init_prefill(self) -> None:
         self.transfer_infos: Dict[int, Dict[str, TransferInfo]] = {}
