@@ -20,13 +20,13 @@ from sglang.test.tiny_models import make_tiny_model
 pytestmark = pytest.mark.server
 
 API_KEY = "sk-test-key"
-MAX_TOTAL_TOKENS = 4096
-CONTEXT_LEN = 2048  # the tiny model's max_position_embeddings
+CONTEXT_LEN = 8192  # the tiny model's max_position_embeddings: room for long requests that get aborted
+MAX_TOTAL_TOKENS = CONTEXT_LEN + 1024
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama")
+    model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama", max_position_embeddings=CONTEXT_LEN)
     port = find_free_port()
     log = str(tmp_path_factory.mktemp("log") / "server.log")
     proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--enable-metrics"],
@@ -293,7 +293,8 @@ def _wait_running(server, n=1, timeout=60.0):
     raise AssertionError("the request never started running")
 
 
-LONG = {"temperature": 0, "max_new_tokens": 1900, "ignore_eos": True}
+LONG_TOKENS = 8000  # ~30 s of decoding or more: an abort must cut it short
+LONG = {"temperature": 0, "max_new_tokens": LONG_TOKENS, "ignore_eos": True}
 
 
 def test_abort_request_by_rid(server):
@@ -306,7 +307,7 @@ def test_abort_request_by_rid(server):
     assert res.status_code == 200
     meta = res.json()["meta_info"]
     assert meta["finish_reason"]["type"] == "abort"
-    assert meta["completion_tokens"] < 1900
+    assert meta["completion_tokens"] < LONG_TOKENS
     _wait_idle(server)
 
 
@@ -334,8 +335,20 @@ def test_client_disconnect_aborts_and_frees_kv(server):
                 break
     r.close()  # the client goes away mid-stream
     after = _wait_idle(server)
-    # Stopped long before its 1900 tokens, and every KV slot is back (free or evictable cache).
-    assert after["forward_ct"] - before["forward_ct"] < 1900
+    # Stopped long before its LONG_TOKENS tokens, and every KV slot is back (free or evictable cache).
+    assert after["forward_ct"] - before["forward_ct"] < LONG_TOKENS
+    assert after["protected_kv_tokens"] == 0
+    assert after["available_kv_tokens"] + after["evictable_kv_tokens"] == MAX_TOTAL_TOKENS
+
+
+def test_non_streaming_client_disconnect_aborts(server):
+    """A non-streaming client that gives up: the TokenizerManager notices within seconds."""
+    before = _wait_idle(server)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(server["url"] + "/generate", json={"text": "Impatient", "sampling_params": LONG}, timeout=1,
+                      headers={"Authorization": f"Bearer {API_KEY}"})
+    after = _wait_idle(server)
+    assert after["forward_ct"] - before["forward_ct"] < LONG_TOKENS
     assert after["protected_kv_tokens"] == 0
     assert after["available_kv_tokens"] + after["evictable_kv_tokens"] == MAX_TOTAL_TOKENS
 

@@ -255,18 +255,30 @@ def build_app(state: ServerState) -> FastAPI:
 
 def _add_api_key_middleware(app: FastAPI, api_key: str) -> None:
     """Upstream's rule: every route needs `Authorization: Bearer KEY`, except the health checks
-    and /metrics (scraped by monitoring without credentials)."""
+    and /metrics (scraped by monitoring without credentials).
 
-    @app.middleware("http")
-    async def authentication(request: Request, call_next):
-        if request.method == "OPTIONS":
-            return await call_next(request)
-        path = request.url.path
+    A plain ASGI middleware, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hides
+    the client's `http.disconnect` from the route, and the TokenizerManager relies on
+    `request.is_disconnected()` to abort non-streaming requests whose client went away."""
+    app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
+
+
+class _ApiKeyMiddleware:
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = ("Bearer " + api_key).encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
         if path.startswith("/health") or path.startswith("/metrics"):
-            return await call_next(request)
-        if request.headers.get("Authorization") != "Bearer " + api_key:
-            return JSONResponse(content={"error": "Unauthorized"}, status_code=401)
-        return await call_next(request)
+            return await self.app(scope, receive, send)
+        auth = dict(scope["headers"]).get(b"authorization")
+        if auth != self.expected:
+            response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 # =============================================================================================
