@@ -43,7 +43,7 @@ def wait_poll(obj, wanted, timeout: float):
 
 
 class Side:
-    def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0):
+    def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0, system_dp_rank=0):
         self.page_size = page_size
         self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
         self.metadata = MetadataBuffers(8)
@@ -59,6 +59,7 @@ class Side:
             for t in self.state or []:
                 t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
         self.kv_args = kv_args_from_pools(self.pool, self.metadata, page_size, mamba_pool=self.mamba_pool)
+        self.kv_args.system_dp_rank = system_dp_rank
         self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
 
     def page(self, buf_idx: int, page: int) -> torch.Tensor:

@@ -226,3 +226,45 @@ def test_concurrent_requests_with_random_chunking():
             _assert_pages_equal(p, src, dst)
     finally:
         p.close()
+
+
+def test_two_prefill_dp_ranks_route_by_bootstrap_room():
+    """Two prefill DP ranks behind one bootstrap server: with prefill_dp_rank=None the decode picks
+    `room % dp_size` (follow_bootstrap_room), and each rank serves only its own rooms."""
+    import types
+
+    from pd_pair import Side
+    from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.utils import get_free_port
+
+    port = get_free_port()
+    server = KVBootstrapServer("127.0.0.1", port)
+    sa = types.SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1, dp_size=2)
+    prefills = [Side(DisaggregationMode.PREFILL, sa, 1, 16, seed=10 + r, system_dp_rank=r) for r in range(2)]
+    decode = Side(DisaggregationMode.DECODE, types.SimpleNamespace(**{**vars(sa), "dp_size": 1}), 1, 16)
+    from sglang.srt.disaggregation.base import get_kv_class
+    from sglang.srt.disaggregation.utils import KVClassType
+
+    S, R = get_kv_class("mooncake_tcp", KVClassType.SENDER), get_kv_class("mooncake_tcp", KVClassType.RECEIVER)
+    addr = f"127.0.0.1:{port}"
+    try:
+        for room, src, dst in ((8, [3], [5]), (13, [4], [6])):
+            owner = prefills[room % 2]
+            snd = S(owner.manager, addr, room)
+            rcv = R(decode.manager, addr, room)
+            rcv.init(None)
+            assert wait_poll(rcv, {KVPoll.WaitingForInput, KVPoll.Failed}, 10) == KVPoll.WaitingForInput
+            rcv.send_metadata(np.array(dst, np.int32), 0)
+            assert wait_poll(snd, {KVPoll.WaitingForInput, KVPoll.Failed}, 10) == KVPoll.WaitingForInput
+            other = prefills[1 - room % 2].manager
+            assert room not in other.transfer_infos and other.check_status(room) is None
+            snd.init(1, aux_index=0)
+            snd.send(np.array(src, np.int32))
+            assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+            for b in range(decode.num_buffers):
+                assert torch.equal(decode.page(b, dst[0]), owner.page(b, src[0]))
+    finally:
+        for side in prefills + [decode]:
+            side.manager.close()
+        server.close()
