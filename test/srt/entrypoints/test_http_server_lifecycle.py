@@ -20,18 +20,19 @@ from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
 
-LONG = {"temperature": 0, "max_new_tokens": 1900, "ignore_eos": True}
+CONTEXT_LEN = 8192  # room for a request far longer than the shutdown drain (3 s)
+LONG = {"temperature": 0, "max_new_tokens": 8000, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Two servers started side by side (one is shut down, the other loses its scheduler)."""
-    model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama")
+    model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama", max_position_embeddings=CONTEXT_LEN)
     logs = tmp_path_factory.mktemp("logs")
     started = {}
     for name, extra in (("term", ["--skip-server-warmup"]), ("dead", [])):
         port = find_free_port()
-        proc = popen_launch_server(model, port, ["--max-total-tokens", "4096", *extra],
+        proc = popen_launch_server(model, port, ["--max-total-tokens", str(CONTEXT_LEN + 1024), *extra],
                                    log_path=str(logs / f"{name}.log"), wait=False)
         started[name] = {"proc": proc, "url": f"http://127.0.0.1:{port}"}
     try:
