@@ -286,6 +286,17 @@ def test_malformed_json_and_missing_fields_are_400(server):
     assert _error_body(r)["message"] == "Prompt cannot be empty"
 
 
+def test_non_text_content_is_rejected(server):
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    r = requests.post(server["url"] + "/v1/chat/completions", json={"messages": msgs}, timeout=30)
+    assert "'image_url' is not supported" in _error_body(r)["message"]
+    # Text-only content parts are joined into one message.
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "this?"}]}]
+    r = requests.post(server["url"] + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize("extra", [{"regex": "[a-z]+"}, {"json_schema": "{}"}, {"ebnf": "root ::= \"a\""},
                                    {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                                                "schema": {}}}},
