@@ -166,6 +166,7 @@ class DecodeQueues:
                     if req.top_logprobs_num:
                         req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
                 req.fill_ids = req.all_ids()
+                req.kv_receiver.clear()
                 req.kv_receiver = None
                 req.check_finished()
                 if req.finished():
@@ -181,6 +182,7 @@ class DecodeQueues:
         except Exception as e:
             message = str(e)
         queue.remove(req)
+        req.kv_receiver.clear()
         req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
         self._drop(req)
 

@@ -153,6 +153,8 @@ class PrefillQueues:
             self.metadata_allocator.free(req.metadata_idx)
             req.metadata_idx = None
         self.s.release_kv(req, insert=insert and req.kv_len == req.seqlen - 1)
+        if req.kv_sender is not None:
+            req.kv_sender.clear()
         req.kv_sender = None
 
     def _abort(self, req: Req, message: str, status_code: int = 500) -> None:

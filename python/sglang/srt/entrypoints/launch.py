@@ -17,6 +17,7 @@ class EngineProcesses:
     scheduler_info: dict
     processes: List[mp.Process]
     port_args: object
+    bootstrap_server: object = None  # PD prefill: where decode servers find this server's KV ranks
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -30,6 +31,9 @@ class EngineProcesses:
         for p in self.processes:
             p.join(timeout=timeout)
         self.processes = []
+        if self.bootstrap_server is not None:
+            self.bootstrap_server.close()
+            self.bootstrap_server = None
         _remove_ipc_files(self.port_args)
 
 
@@ -52,6 +56,7 @@ def launch_engine_processes(server_args) -> EngineProcesses:
     from sglang.srt.server_args import PortArgs
 
     port_args = PortArgs.init_new(server_args)
+    bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
     sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
@@ -59,7 +64,7 @@ def launch_engine_processes(server_args) -> EngineProcesses:
     detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w), name="sglang::detokenizer", daemon=True)
     scheduler.start()
     detok.start()
-    procs = EngineProcesses(None, {}, [scheduler, detok], port_args)
+    procs = EngineProcesses(None, {}, [scheduler, detok], port_args, bootstrap_server)
     try:
         info = _wait_ready(sched_r, scheduler, "scheduler")
         _wait_ready(detok_r, detok, "detokenizer")
@@ -69,6 +74,20 @@ def launch_engine_processes(server_args) -> EngineProcesses:
     procs.scheduler_info = info.info
     procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive)
     return procs
+
+
+def _start_bootstrap_server(server_args):
+    """A PD prefill server runs the bootstrap HTTP server in this (main) process, as upstream;
+    it must be up before the scheduler's KV manager registers with it."""
+    if server_args.disaggregation_mode != "prefill":
+        return None
+    from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
+
+    server_cls = get_kv_class(server_args.disaggregation_transfer_backend, KVClassType.BOOTSTRAP_SERVER)
+    if server_cls is None:  # the fake backend has none
+        return None
+    host = server_args.host if server_args.host not in ("", "0.0.0.0") else "0.0.0.0"
+    return server_cls(host=host, port=server_args.disaggregation_bootstrap_port)
 
 
 def _wait_ready(pipe, proc, name: str):

@@ -63,6 +63,7 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.gracefully_exit = False
         self.metrics = None  # set by the HTTP server when --enable-metrics
+        self.fake_bootstrap_room_counter = 0  # PD with the fake backend: rooms are local counters
 
     # --- request in ------------------------------------------------------------------------------
     def _validate_and_tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
@@ -94,6 +95,13 @@ class TokenizerManager:
             raise ValueError(f"Invalid sampling parameters: {e}") from None
         sp.normalize(self.tokenizer)
         sp.verify(self.vocab_size)
+        if (
+            self.server_args.disaggregation_mode != "null"
+            and self.server_args.disaggregation_transfer_backend == "fake"
+            and obj.bootstrap_room is None
+        ):
+            obj.bootstrap_room = self.fake_bootstrap_room_counter
+            self.fake_bootstrap_room_counter += 1
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=text,
