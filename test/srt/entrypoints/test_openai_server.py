@@ -176,6 +176,15 @@ def test_chat_stream_with_usage(server):
     assert all(c.object == "chat.completion.chunk" for c in chunks)
 
 
+def test_chat_stream_continuous_usage(server):
+    chunks = list(server["client"].chat.completions.create(
+        model="tiny-test", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, extra_body=NO_EOS,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == 4
+    assert chunks[-1].usage.completion_tokens == 4
+
+
 def test_chat_stream_without_usage_has_none(server):
     chunks = list(server["client"].chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=3,
                                                            temperature=0, stream=True))
@@ -330,7 +339,7 @@ def test_unknown_model_is_404_as_upstream(server):
 # ------------------------------------------------------------------------------------ behind the router
 
 
-def test_behind_the_sglang_router(server):
+def test_behind_the_sglang_router(server, tmp_path):
     """The real SGLang router in front of this server: it probes the worker, then forwards
     OpenAI and native requests with its own added fields."""
     pytest.importorskip("sglang_router")
@@ -340,12 +349,19 @@ def test_behind_the_sglang_router(server):
     from sglang.test.server_utils import wait_for_health
 
     port = find_free_port()
+    log = open(tmp_path / "router.log", "wb")
+    # Its Prometheus port defaults to 29000: pick a free one so parallel runs cannot collide.
     router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", server["url"],
-                               "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+                               "--prometheus-port", str(find_free_port())],
+                              stdout=log, stderr=subprocess.STDOUT)
+    log.close()
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_for_health(url, timeout=60, process=router, path="/v1/models")
+        try:
+            wait_for_health(url, timeout=60, process=router, path="/v1/models")
+        except (RuntimeError, TimeoutError):
+            raise AssertionError("the router did not start:\n" + (tmp_path / "router.log").read_text(errors="replace"))
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         c = client.chat.completions.create(model="tiny-test", messages=MESSAGES, max_tokens=4, temperature=0,
                                            extra_body=NO_EOS)

@@ -135,9 +135,12 @@ class OpenAIServingChat(OpenAIServingBase):
         prompt_tokens, completion_tokens, cached_tokens = {}, {}, {}
         response_id = None
 
+        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+
         def chunk(index, delta, reason=None, matched=None, logprobs=None):
+            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n) if continuous else None
             c = ChatCompletionStreamResponse(
-                id=response_id, created=created, model=model,
+                id=response_id, created=created, model=model, usage=usage,
                 choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, logprobs=logprobs,
                                                             finish_reason=reason, matched_stop=matched)])
             return f"data: {c.model_dump_json()}\n\n"

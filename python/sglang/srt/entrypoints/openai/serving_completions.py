@@ -133,8 +133,10 @@ class OpenAIServingCompletion(OpenAIServingBase):
             reason, matched = finish_fields(meta)
             if not delta and reason is None and logprobs is None and not first_chunk:
                 continue
+            continuous = request.stream_options is not None and request.stream_options.continuous_usage_stats
             chunk = CompletionStreamResponse(
                 id=response_id, created=created, model=model,
+                usage=streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n) if continuous else None,
                 choices=[CompletionResponseStreamChoice(index=index, text=delta, logprobs=logprobs,
                                                         finish_reason=reason, matched_stop=matched)],
             )
