@@ -101,6 +101,7 @@ class Req:
         self.cache_protected_len = 0
         self.kv_len = 0  # tokens with KV in the pool
         self.swa_freed_len = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
+        self.mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
         self.extend_input_len = 0
         self.is_chunked = 0
 
@@ -157,6 +158,7 @@ class Req:
         self.kv_len = 0
         self.swa_freed_len = 0
         self.req_pool_idx = None
+        self.mamba_pool_idx = None  # freed with the KV; the re-prefill (or resume) gets a new one
         self.is_chunked = 0
 
     # --- finish checks -------------------------------------------------------------------
@@ -216,6 +218,8 @@ class ScheduleBatch:
         self.tree_cache = tree_cache
         self.device = device
         self.page_size = allocator.page_size
+        # Hybrid SSM models: requests own MambaPool slots, the tree cache holds the pool.
+        self.mamba_pool = getattr(tree_cache, "mamba_pool", None)
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -245,6 +249,12 @@ class ScheduleBatch:
                 req.req_pool_idx = slots[0]
                 if len(req.prefix_indices):
                     self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+            if self.mamba_pool is not None and req.mamba_pool_idx is None:
+                slot = self.tree_cache.alloc_mamba_slot()  # evicts a tree state when none is free
+                if slot is None:
+                    return None  # the scheduler undoes the admission (and frees what was taken)
+                req.mamba_pool_idx = slot
+                self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
         prefix_lens = [len(r.prefix_indices) for r in self.reqs]
         seq_lens = [len(r.fill_ids) for r in self.reqs]
         last_locs = [self._last_loc(r, p) for r, p in zip(self.reqs, prefix_lens)]
@@ -259,14 +269,22 @@ class ScheduleBatch:
             self.req_to_token_pool.write(req.req_pool_idx, p, out_cache_loc[offset : offset + s - p])
             offset += s - p
             req.kv_len = s
-        return ForwardBatch.for_extend(
+        return self._with_mamba(ForwardBatch.for_extend(
             [r.fill_ids[p:] for r, p in zip(self.reqs, prefix_lens)],
             prefix_lens,
             [r.req_pool_idx for r in self.reqs],
             out_cache_loc,
             device=self.device,
             return_full_logits=return_full_logits,
-        )
+        ))
+
+    def _with_mamba(self, forward_batch):
+        if self.mamba_pool is not None:
+            forward_batch.mamba_pool = self.mamba_pool
+            forward_batch.mamba_pool_indices = torch.tensor(
+                [r.mamba_pool_idx for r in self.reqs], dtype=torch.int64, device=self.device
+            )
+        return forward_batch
 
     # --- decode -------------------------------------------------------------------------
     def new_pages_for_decode(self, reqs: Optional[List[Req]] = None) -> int:
@@ -295,13 +313,13 @@ class ScheduleBatch:
             self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len] = out_cache_loc[i]
             req.kv_len += 1
             req.fill_ids = req.all_ids()
-        return ForwardBatch.for_decode(
+        return self._with_mamba(ForwardBatch.for_decode(
             [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in self.reqs],
             seq_lens,
             [r.req_pool_idx for r in self.reqs],
             out_cache_loc,
             device=self.device,
-        )
+        ))
 
     # --- retraction -----------------------------------------------------------------------
     def retraction_order(self, policy: str = "length", low_priority_values_first: bool = False) -> List[int]:

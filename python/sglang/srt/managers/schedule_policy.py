@@ -57,6 +57,18 @@ class PrefillAdder:
         self.rem_chunk_tokens = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         self.can_run: List[Req] = []
         self.new_chunked_req: Optional[Req] = None
+        # Hybrid SSM models: every admitted request needs a MambaPool slot (free, or freed by
+        # evicting an unlocked tree state).
+        self.mamba_pool = getattr(tree_cache, "mamba_pool", None)
+
+    def _mamba_slot_available(self) -> bool:
+        if self.mamba_pool is None:
+            return True
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        need = sum(1 for r in self.can_run if r.mamba_pool_idx is None) + 1
+        evictable = self.tree_cache.component_evictable_size(ComponentType.MAMBA)
+        return self.mamba_pool.available_size() + evictable >= need
 
     def add_chunked_req(self, req: Req) -> Optional[Req]:
         """Continues a request whose prompt is being prefilled in chunks. Returns it if still chunked."""
@@ -92,6 +104,8 @@ class PrefillAdder:
     def add_one_req(self, req: Req) -> str:
         """Returns "added", "chunked" (added, and it is the new chunked req), or "no_room"."""
         if self.budget_exhausted() or self.req_to_token_pool.available_size() <= len(self.can_run):
+            return "no_room"
+        if not self._mamba_slot_available():
             return "no_room"
         match_prefix(req, self.tree_cache)
         prefix_len = len(req.prefix_indices)

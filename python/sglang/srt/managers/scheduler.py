@@ -79,8 +79,10 @@ class Scheduler:
                 eviction_policy=getattr(server_args, "radix_eviction_policy", "lru"),
                 retraction_backup=getattr(server_args, "disaggregation_decode_retraction_backup", None),
                 model_config=self.model_config,
+                mamba_pool=getattr(model_runner, "mamba_pool", None),
             )
         )
+        self.mamba_pool = getattr(model_runner, "mamba_pool", None)
         self.sampler = Sampler()
 
         # PD disaggregation roles (None on a plain server).
@@ -416,6 +418,8 @@ class Scheduler:
             if req.last_node is not None:
                 self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
             req.last_node, req.lock_receipt = None, None
+            if req.mamba_pool_idx is not None:
+                self.tree_cache.free_req_mamba_slot(req)
             return
         self.tree_cache.cache_finished_req(req, is_insert=insert)
         req.req_pool_idx = None
@@ -449,6 +453,8 @@ class Scheduler:
         self.tree_cache.reset()
         self.req_to_token_pool.clear()
         self.allocator.clear()
+        if self.mamba_pool is not None:
+            self.mamba_pool.clear()
         return True
 
     def ready_info(self) -> dict:

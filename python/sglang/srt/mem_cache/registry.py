@@ -12,7 +12,7 @@ Decision chain (upstream 0.5.23 `default_radix_cache_factory`, reduced to what t
 4. pure-SWA model -> upstream PureSWARadixCache; here a disabled `UnifiedRadixCache` (prefix
    caching off for pure-SWA models), after the host-pool check.
 5. else `create_unified_radix_cache(ctx)`: components FULL (+ SWA when the KV pool is an SWA
-   pool) (+ MAMBA for hybrid-SSM models; that component is still a stub that raises).
+   pool) (+ MAMBA for hybrid-SSM models: one Mamba state slot per node).
 Then upstream's post-checks and the "Tree cache initialized: ..." log line.
 """
 
@@ -68,6 +68,7 @@ class TreeCacheBuildContext:
     tp_rank: int = 0
     tp_group: Any = None
     is_dsa: bool = False
+    mamba_pool: Any = None  # hybrid SSM models: the MambaPool (requests' and the tree's state slots)
 
     @property
     def is_pure_swa(self) -> bool:
@@ -131,6 +132,7 @@ def _cache_params(ctx: TreeCacheBuildContext, disable: bool, components):
         eviction_policy=ctx.eviction_policy or "lru",
         sliding_window_size=ctx.window,
         tree_components=tuple(components),
+        mamba_pool=ctx.mamba_pool,
     )
 
 

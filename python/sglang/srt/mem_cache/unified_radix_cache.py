@@ -51,6 +51,15 @@ slots of tokens that slid out of the window with `allocator.free_swa(...)`, only
 request owns (positions >= cache_protected_len) and whole pages. The tree notices missing SWA
 slots on insert (tombstones) and takes over a request's SWA slots to revive tombstones.
 
+Hybrid SSM models (`mamba_pool` given): every request also owns one MambaPool slot
+(`req.mamba_pool_idx`, allocated by the scheduler when the request gets its row). Right after
+allocating it the scheduler calls `cache.init_req_mamba_state(req)`: copy-on-write of the matched
+node's state into the slot (prefix hit) or zeros (no prefix); this also releases the single-node
+Mamba lock taken by `assign_prefix`. `cache_unfinished_req` / `cache_finished_req` store a copy
+of the request's state in a fresh tree slot on the final node when the inserted key covers
+exactly the tokens the state summarises; `cache_finished_req` frees the request's slot.
+Eviction of tree states: `cache.evict(EvictParams(mamba_num=...))`.
+
 A disabled cache (`--disable-radix-cache`) is this class with `disable=True`: match returns
 nothing, insert does nothing, cache_unfinished_req only sets prefix_indices to the computed
 slots (the request keeps owning all of them), a finished request frees all its KV.
@@ -116,7 +125,9 @@ class UnifiedRadixCache:
         assert self.tree_components[0] is FULL, "FULL is the base component"
         if SWA in self.tree_components:
             assert params.sliding_window_size, "an SWA component needs sliding_window_size"
+        self.mamba_pool = getattr(params, "mamba_pool", None)
         self.core = UnifiedTreeCore(_build_components(params), params.page_size, params.eviction_policy)
+        self.has_mamba_component = MAMBA in self.core.components
         # HiCache / retraction host stack, attached by `init_hicache` (see `registry.py`).
         self.hicache_attached = False
         self.retraction_backend: Any = None
@@ -193,6 +204,65 @@ class UnifiedRadixCache:
         req.prefix_indices = match.device_indices
         req.cache_protected_len = int(match.device_indices.numel())
 
+    # ---- Mamba state (hybrid SSM models) ------------------------------------------------------
+    def _drop_mamba_lock(self, receipt: Optional[LockReceipt]) -> None:
+        """Release the single-node Mamba lock of a receipt early (once the state was copied)."""
+        if receipt is None or not receipt.component_parts.get(MAMBA):
+            return
+        self.core.dec_component_lock(receipt.node, MAMBA)
+        receipt.component_parts[MAMBA] = False
+
+    def init_req_mamba_state(self, req) -> None:
+        """The request just got its own slot: copy the matched prefix's state into it
+        (copy-on-write; the tree slot is never written by a request), or zero it when the
+        request starts from no cached prefix."""
+        slot = req.mamba_pool_idx
+        node = getattr(req, "last_node", None)
+        src = None
+        if self.has_mamba_component and node is not None and not node.is_root and len(req.prefix_indices) > 0:
+            from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+            src = MambaComponent.slot_of(node)
+            assert src is not None, "a prefix match ended at a node without Mamba state"
+        if src is None:
+            self.mamba_pool.clear_slot(slot)
+        else:
+            self.mamba_pool.copy_from(src, slot)
+        self._drop_mamba_lock(getattr(req, "lock_receipt", None))
+
+    def alloc_mamba_slot(self) -> Optional[int]:
+        """One MambaPool slot, evicting one unlocked tree state when none is free."""
+        slots = self.mamba_pool.alloc(1)
+        if slots is None and self.has_mamba_component:
+            self.evict(EvictParams(mamba_num=1))
+            slots = self.mamba_pool.alloc(1)
+        return None if slots is None else slots[0]
+
+    def _store_mamba_state(self, req, node, num_tokens: int, state_tokens: int) -> None:
+        """Give `node` (the end of a freshly inserted key of `num_tokens` tokens) a copy of the
+        request's state, which summarises `state_tokens` tokens; only when the two agree."""
+        slot = getattr(req, "mamba_pool_idx", None)
+        if not self.has_mamba_component or slot is None or node.is_root or num_tokens != state_tokens:
+            return
+        if node.data(MAMBA).value is not None:
+            return  # same prefix, same state: keep the tree's copy
+        self.core.inc_component_lock(node, FULL)  # keep `node` alive while evicting for a slot
+        try:
+            tree_slot = self.alloc_mamba_slot()
+        finally:
+            self.core.dec_component_lock(node, FULL)
+        if tree_slot is None:
+            return  # no room: this prefix end simply has no state (no hit there)
+        self.mamba_pool.copy_from(slot, tree_slot)
+        self.core.set_component_value(node, MAMBA, torch.tensor([tree_slot], dtype=torch.int64))
+
+    def free_req_mamba_slot(self, req) -> None:
+        slot = getattr(req, "mamba_pool_idx", None)
+        if slot is not None and self.mamba_pool is not None:
+            self.mamba_pool.free(slot)
+        if hasattr(req, "mamba_pool_idx"):
+            req.mamba_pool_idx = None
+
     def _release_lock(self, req) -> None:
         if getattr(req, "last_node", None) is not None:
             self.dec_lock_ref(req.last_node, req.lock_receipt)
@@ -237,7 +307,9 @@ class UnifiedRadixCache:
             assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"
             free(row[protected : res.prefix_len])  # duplicates: the tree already has those tokens
             free(row[aligned:])  # the unaligned tail page is not cached
+            self._store_mamba_state(req, res.last_device_node, aligned, n)
         self._release_lock(req)
+        self.free_req_mamba_slot(req)
         self.req_to_token_pool.free(req.req_pool_idx)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
@@ -252,10 +324,12 @@ class UnifiedRadixCache:
         assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"
         self.token_to_kv_pool_allocator.free(row[protected : res.prefix_len])
         new_node = res.last_device_node
+        self._store_mamba_state(req, new_node, aligned, n)
         tree_indices = self.core.path_values(new_node)
         assert len(tree_indices) == aligned, (len(tree_indices), aligned)
         self.req_to_token_pool.write(req.req_pool_idx, protected, tree_indices[protected:])
         receipt = self.inc_lock_ref(new_node)  # lock the new node before releasing the old one
+        self._drop_mamba_lock(receipt)  # the request has its own state: no need to pin the tree's
         self._release_lock(req)
         req.last_node, req.lock_receipt = new_node, receipt
         req.prefix_indices = torch.cat([tree_indices, row[aligned:]])

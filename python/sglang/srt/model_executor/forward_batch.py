@@ -46,8 +46,9 @@ class ForwardBatch:
     req_to_token_pool: Any = None
     token_to_kv_pool: Any = None
     attn_backend: Any = None
-    # Hybrid recurrent-state models: the request's slot in the Mamba state pool.
+    # Hybrid recurrent-state models: the request's slot in the Mamba state pool, and the pool.
     mamba_pool_indices: Optional[torch.Tensor] = None
+    mamba_pool: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -18,3 +18,5 @@ class CacheInitParams:
     sliding_window_size: Optional[int] = None
     tree_components: Tuple[ComponentType, ...] = (ComponentType.FULL,)
     enable_kv_cache_events: bool = False
+    # Hybrid SSM models: the MambaPool whose slots requests and the MAMBA component hold.
+    mamba_pool: Any = None

@@ -290,10 +290,12 @@ class UnifiedTreeCore:
                 break
             if node.deleted or node.data(ct).value is None:
                 continue
-            if node.is_leaf:
-                if self._unlocked(node):
-                    self._delete_leaf(node, res)
+            if node.is_leaf and self._unlocked(node):
+                self._delete_leaf(node, res)
             elif all(node.data(c).lock_ref == 0 for c in cascade):
+                # Internal node, or a leaf some request is anchored on (its FULL KV is in use)
+                # whose data of this component is not locked (MAMBA: the request already copied
+                # the state): tombstone.
                 for c in sorted(cascade, key=lambda c: self.components[c].internal_priority):
                     self._free_component(node, c, res)
 
