@@ -134,11 +134,21 @@ class DecodeQueues:
                 s.req_to_token_pool.free(row)
                 self.metadata_allocator.free(aux)
                 break
+            state_indices = None
+            if s.mamba_pool is not None:  # hybrid SSM: the prefill's state lands in this slot
+                mamba_slot = s.tree_cache.alloc_mamba_slot()
+                if mamba_slot is None:
+                    s.allocator.free(slots)
+                    s.req_to_token_pool.free(row)
+                    self.metadata_allocator.free(aux)
+                    break
+                req.mamba_pool_idx = mamba_slot
+                state_indices = [[mamba_slot]]
             req.req_pool_idx = row
             s.req_to_token_pool.write(row, 0, slots)
             req.kv_len = n
             req.metadata_idx = aux
-            req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux)
+            req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux, state_indices=state_indices)
             self.prealloc_queue.remove(req)
             self.transfer_queue.append(req)
 
@@ -229,6 +239,13 @@ class DecodeQueues:
             if slots is None:
                 s.req_to_token_pool.free(row)
                 break
+            if s.mamba_pool is not None:  # hybrid SSM: the backed-up state goes into a new slot
+                mamba_slot = s.tree_cache.alloc_mamba_slot()
+                if mamba_slot is None:
+                    s.allocator.free(slots)
+                    s.req_to_token_pool.free(row)
+                    break
+                req.mamba_pool_idx = mamba_slot
             req.req_pool_idx = row
             s.req_to_token_pool.write(row, 0, slots)
             s.retraction_store.restore(backup, slots, getattr(req, "mamba_pool_idx", None))

@@ -1,0 +1,88 @@
+"""PD decode retraction on Mamba2-hybrid models: `cpu_tensor` backs up the KV *and* the request's
+Mamba state, frees both, and restores them into new slots on resume; outputs must equal HF's
+greedy tokens with no prompt recomputed (a lost or stale state would change them), and no KV,
+row or Mamba slot may leak. The decode server runs with the `fake` transfer backend (local
+prefill stands in for the transfer). Host-pool retraction is refused for these models."""
+
+import random
+
+import pytest
+
+from sglang.check_server_args import main as check_server_args_main
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test.tiny_models import make_tiny_model
+
+SEED_MESSAGE = "Host-pool retraction does not support Mamba models."
+
+
+@pytest.fixture(scope="module", params=["nemotron_h", "falcon_h1"])
+def arch_models(request, tmp_path_factory):
+    d = make_tiny_model(str(tmp_path_factory.mktemp("decode_" + request.param)), request.param, seed=5)
+    return request.param, d, load_hf_model(d)
+
+
+def decode_scheduler(model_dir, backup, **kw):
+    args = dict(model_path=model_dir, dtype="float32", max_total_tokens=260, page_size=1, chunked_prefill_size=64,
+                disaggregation_mode="decode", disaggregation_transfer_backend="fake", num_reserved_decode_tokens=8,
+                max_running_requests=8)
+    if backup is not None:
+        args["disaggregation_decode_retraction_backup"] = backup
+    args.update(kw)
+    return Scheduler(ServerArgs(**args))
+
+
+def submit(sched, rid, ids, n):
+    sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    sp.normalize(None)
+    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp))
+
+
+def run(sched, max_steps=5000):
+    for _ in range(max_steps):
+        if not sched.has_work():
+            return
+        sched.step()
+    raise AssertionError("did not finish")
+
+
+def prompts(n, length, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 1000) for _ in range(length)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("backup", [None, "cpu_tensor"])
+def test_cpu_tensor_retraction_restores_kv_and_mamba_state(arch_models, backup):
+    arch, d, hf = arch_models
+    sched = decode_scheduler(d, backup)
+    assert sched.server_args.disaggregation_decode_retraction_backup == "cpu_tensor"  # auto rule too
+    ps = prompts(6, 30, seed=21)
+    reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(ps)]
+    run(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert sched.num_recomputed_tokens == 0
+    for r, p in zip(reqs, ps):
+        assert r.finished_reason.to_json() == {"type": "length", "length": 40}
+        assert r.output_ids == hf_greedy(hf, p, 40), r.rid
+    assert sched.retraction_store.num_live == 0
+    assert sched.allocator.available_size() + sched.tree_cache.evictable_size() == sched.init_free_kv
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+    sched.tree_cache.evict(EvictParams(num_tokens=sched.init_free_kv))
+    assert sched.mamba_pool.available_size() == sched.mamba_pool.size
+
+
+def test_host_pool_is_rejected_at_start_and_by_check_server_args(arch_models, capsys):
+    arch, d, hf = arch_models
+    with pytest.raises(ValueError) as e:
+        decode_scheduler(d, "host_pool")
+    assert str(e.value) == SEED_MESSAGE
+    rc = check_server_args_main(["--model-path", d, "--disaggregation-mode", "decode",
+                                 "--disaggregation-decode-retraction-backup", "host_pool"])
+    out = capsys.readouterr()
+    assert rc != 0
+    assert SEED_MESSAGE in out.out + out.err
