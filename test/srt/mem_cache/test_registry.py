@@ -143,10 +143,16 @@ def test_pure_swa_model_on_a_plain_pool():
     assert not cache.disable and cache.tree_components == (ComponentType.FULL,)
 
 
-def test_mamba_model_radix_cache_waits_for_the_mamba_component(caplog):
+def test_mamba_model_radix_cache_has_the_mamba_component(caplog):
+    from sglang.srt.mem_cache.mamba_pool import MambaPool
+
     caplog.set_level(logging.INFO, logger="sglang.srt.mem_cache.registry")
-    with pytest.raises(NotImplementedError, match="MambaComponent"):
+    with pytest.raises(ValueError, match="MambaPool"):  # the component holds states in the pool
         create_tree_cache(_ctx(NEMOTRON_H))
+    pool = MambaPool(4, 1, (8, 3), (2, 4, 4), torch.float32)
+    cache = create_tree_cache(_ctx(NEMOTRON_H, mamba_pool=pool))
+    assert not cache.disable and ComponentType.MAMBA in cache.core.components and cache.mamba_pool is pool
+    caplog.clear()
     cache = create_tree_cache(_ctx(NEMOTRON_H, disable=True))
     assert cache.disable and cache.supports_mamba()
     assert cache.tree_components == (ComponentType.FULL, ComponentType.MAMBA)
