@@ -1,0 +1,154 @@
+"""Offline generation throughput: this project's Engine vs its peers, measured alternately in one run.
+
+Each engine runs as a subprocess in its own venv (peers/worker.py), loaded once per (model, dtype);
+every workload is then run by each engine in turn, repetition after repetition, so that a noisy
+neighbour hits all of them alike. Prompts are fixed-seed random token ids (a new seed per
+repetition, the same for every engine, so that no prefix cache helps); decoding is greedy with
+EOS ignored, so every engine produces exactly batch x output tokens.
+
+Peers (skipped with a clear line when not installed; see peers/setup_peers.sh):
+  hf               HF transformers `generate`, one static left-padded batch (our venv if no own venv)
+  vllm             vLLM-CPU 0.32 offline `LLM.generate`
+  sglang_upstream  upstream SGLang 0.5.23 Engine with --device cpu
+  llamacpp         llama-cpp-python on a GGUF of the same weights (--gguf-dir)
+
+Reported per workload and engine: output tokens/s (batch x output tokens / wall time of the whole
+generate call, prefill included), TTFT (wall time of the same batch with 1 output token), peak RSS
+of the engine's process tree, our ratio to each peer, and the share of the roofline decode ceiling
+(benchmark/roofline.py) reached.
+
+    python benchmark/offline_throughput.py                       # defaults: < 10 min
+    python benchmark/offline_throughput.py --configs default:bfloat16 --workloads 16:32:64 --reps 3
+    python benchmark/offline_throughput.py --peers hf --configs tiny:float32 --workloads 1:8:8 --reps 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (PEER_NAMES, Worker, machine_line, model_config, print_table, progress,  # noqa: E402
+                    resolve_model, synthetic_prompts)
+
+DEFAULT_CONFIGS = ["default:float32", "default:bfloat16", "tiny:bfloat16"]
+DEFAULT_WORKLOADS = ["1:32:64", "16:32:64", "64:32:32", "16:256:16"]
+
+
+def parse_workload(s: str):
+    b, i, o = (int(x) for x in s.split(":"))
+    return {"batch": b, "input_len": i, "output_len": o, "name": s}
+
+
+def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int, gguf_dir) -> List[Worker]:
+    workers = []
+    for name in names:
+        extra = {}
+        if name == "llamacpp":
+            gguf = os.path.join(gguf_dir or "", f"{os.path.basename(path.rstrip('/'))}-{dtype}.gguf")
+            if not gguf_dir or not os.path.exists(gguf):
+                print(f"SKIP {PEER_NAMES[name]}: no GGUF of this model at {gguf} (pass --gguf-dir)", flush=True)
+                continue
+            extra["gguf"] = gguf
+        try:
+            w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra)
+            print(f"loaded {w.name} {w.version} in {w.load_s:.1f} s", flush=True)
+            workers.append(w)
+        except RuntimeError as e:
+            print(f"SKIP {PEER_NAMES.get(name, name)}: {e}", flush=True)
+    return workers
+
+
+def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], args, rates) -> List[list]:
+    path = resolve_model(model)
+    cfg = model_config(path)
+    vocab = cfg["vocab_size"]
+    need = max(w["batch"] * (w["input_len"] + w["output_len"]) for w in workloads) + 512
+    workers = start_workers(["ours"] + peers, path, dtype, max(need, 4096), args.gguf_dir)
+    if not workers or workers[0].backend != "ours":
+        for w in workers:
+            w.close()
+        print(f"SKIP config {model}:{dtype}: our engine did not start", flush=True)
+        return []
+    # Warm-up: first calls pay one-time costs (lazy init, torch.compile, allocator growth).
+    for w in workers:
+        w.run(synthetic_prompts(2, 16, vocab, seed=999), 4)
+    results: Dict[tuple, Dict[str, List[float]]] = {}
+    bar = progress(len(workloads) * args.reps * len(workers), f"{model}:{dtype}")
+    for wl in workloads:
+        for rep in range(args.reps):
+            prompts = synthetic_prompts(wl["batch"], wl["input_len"], vocab, seed=1000 * rep + wl["batch"])
+            ttft_prompts = synthetic_prompts(wl["batch"], wl["input_len"], vocab, seed=1000 * rep + 7 + wl["batch"])
+            order = workers if rep % 2 == 0 else workers[::-1]  # alternate who goes first
+            for w in order:
+                r = results.setdefault((wl["name"], w.backend), {"tps": [], "ttft": []})
+                ttft = w.run(ttft_prompts, 1)
+                out = w.run(prompts, wl["output_len"])
+                expected = wl["batch"] * wl["output_len"]
+                if out["output_tokens"] != expected:
+                    print(f"note: {w.name} produced {out['output_tokens']} tokens, expected {expected}", flush=True)
+                r["tps"].append(out["output_tokens"] / out["elapsed_s"])
+                r["ttft"].append(ttft["elapsed_s"])
+                bar.update(1)
+                bar.set_postfix_str(f"{wl['name']} {w.backend} {r['tps'][-1]:.0f} tok/s")
+    bar.close()
+    rss = {w.backend: w.peak_rss_mib() for w in workers}
+    names = [w.backend for w in workers]
+    for w in workers:
+        w.close()
+
+    from roofline import decode_ceiling, model_shape
+
+    shape = model_shape(cfg)
+    rows = []
+    for wl in workloads:
+        ours = statistics.median(results[(wl["name"], "ours")]["tps"])
+        ctx = wl["input_len"] + wl["output_len"] // 2
+        ceiling = decode_ceiling(shape, rates, dtype, wl["batch"], ctx)["ceiling_tps"] if rates else None
+        for n in names:
+            r = results[(wl["name"], n)]
+            tps = statistics.median(r["tps"])
+            rows.append([f"{model}:{dtype}", wl["name"], PEER_NAMES[n], tps, 1000 * statistics.median(r["ttft"]),
+                         rss[n], "" if n == "ours" else f"{ours / tps:.2f}x",
+                         f"{100 * tps / ceiling:.0f}%" if ceiling else "-"])
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
+                    help='MODEL:DTYPE items; MODEL is "default" (SmolLM2-135M-Instruct), "tiny" (4-layer '
+                         'hidden-256 vocab-32000 random Llama) or an HF folder; DTYPE float32 or bfloat16')
+    ap.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS,
+                    help="BATCH:INPUT_LEN:OUTPUT_LEN items (default: %(default)s)")
+    ap.add_argument("--peers", nargs="*", default=["hf", "vllm", "sglang_upstream", "llamacpp"],
+                    help="peers to run beside ours (default: all; missing ones are skipped)")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions per workload (median reported)")
+    ap.add_argument("--gguf-dir", default=None, help="folder with <model-folder-name>-<dtype>.gguf for llama.cpp")
+    ap.add_argument("--no-roofline", action="store_true", help="skip the ceiling measurement (~10 s)")
+    args = ap.parse_args()
+
+    print(f"machine: {machine_line()}", flush=True)
+    rates = None
+    if not args.no_roofline:
+        from roofline import measure
+
+        rates = measure(quick=True)
+        print(f"roofline (quick): GEMM fp32 {rates['gemm_gflops_float32']:.0f} GFLOP/s, bf16 "
+              f"{rates['gemm_gflops_bfloat16']:.0f} GFLOP/s, copy {rates['copy_gbps']:.1f} GB/s", flush=True)
+    workloads = [parse_workload(s) for s in args.workloads]
+    rows = []
+    for item in args.configs:
+        model, dtype = item.rsplit(":", 1)
+        rows += run_config(model, dtype, workloads, args.peers, args, rates)
+    print(f"\nmachine at end: {machine_line()}")
+    print_table("Offline throughput (batch:input:output; greedy, EOS ignored; median of reps)",
+                ["model:dtype", "workload", "engine", "out tok/s", "TTFT ms", "peak RSS MiB", "ours / engine",
+                 "% of ceiling"], rows)
+
+
+if __name__ == "__main__":
+    main()
