@@ -1,0 +1,144 @@
+"""Decode retraction under memory pressure: recompute (plain server) vs PD-decode KV backups.
+
+The same workload (N requests, fixed-seed random prompts, greedy, EOS ignored) runs through
+`sglang.srt.managers.scheduler.Scheduler` in-process with a KV pool too small for all requests to
+finish decoding together, so the scheduler retracts requests:
+  - unpressured: plain server, pool large enough (reference: no retraction; its outputs are the truth)
+  - recompute:   plain server; a retracted request goes back to the waiting queue and its prompt and
+                 decoded tokens are prefilled again (counted in `num_recomputed_tokens`)
+  - cpu_tensor:  PD decode server (`fake` transfer backend: the prompt KV is computed locally); a
+                 retracted request's KV is copied to a per-request CPU tensor and restored on resume
+  - host_pool:   PD decode server; the KV goes to a reserved, page-aligned host pool
+Modes alternate within each repetition. Printed side by side: output tokens/s, retractions,
+recomputed tokens and their ratio to the prompt tokens, and whether the greedy outputs equal the
+unpressured run's.
+
+    python benchmark/retraction.py                       # tiny Llama, 32 requests, < 2 min
+    python benchmark/retraction.py --model default --num-requests 16 --max-total-tokens 1536
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_line, model_config, print_table, progress, resolve_model, synthetic_prompts  # noqa: E402
+
+MODES = ["unpressured", "recompute", "cpu_tensor", "host_pool"]
+
+
+def build_scheduler(mode: str, path: str, args):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import ServerArgs
+
+    need = args.num_requests * (args.input_len + args.output_len) + 1024
+    kw = dict(model_path=path, dtype=args.dtype, page_size=args.page_size, chunked_prefill_size=512,
+              max_running_requests=args.num_requests, num_reserved_decode_tokens=args.reserved_decode_tokens,
+              max_total_tokens=need if mode == "unpressured" else args.max_total_tokens, log_level="error")
+    if mode in ("cpu_tensor", "host_pool"):
+        kw.update(disaggregation_mode="decode", disaggregation_transfer_backend="fake",
+                  disaggregation_decode_retraction_backup=mode)
+    return Scheduler(ServerArgs(**kw))
+
+
+def run_once(sched, prompts, output_len: int, tag: str):
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    retracted0, recomputed0 = sched.num_retracted_total, sched.num_recomputed_tokens
+    t = time.perf_counter()
+    reqs = []
+    for i, p in enumerate(prompts):
+        sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
+        sp.normalize(None)
+        reqs.append(sched.add_request(TokenizedGenerateReqInput(rid=f"{tag}-{i}", input_text=None, input_ids=p,
+                                                                sampling_params=sp)))
+    steps = 0
+    while sched.has_work():
+        sched.step()
+        steps += 1
+        if steps > 100000:
+            raise RuntimeError("scheduler did not finish")
+    elapsed = time.perf_counter() - t
+    aborted = sum(1 for r in reqs if r.finished_reason.to_json().get("type") == "abort")
+    return {
+        "elapsed": elapsed,
+        "output_tokens": sum(len(r.output_ids) for r in reqs),
+        "retracted": sched.num_retracted_total - retracted0,
+        "recomputed": sched.num_recomputed_tokens - recomputed0,
+        "aborted": aborted,
+        "outputs": [list(r.output_ids) for r in reqs],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help='"tiny" (4-layer random Llama), "default" or an HF folder')
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-total-tokens", type=int, default=2048,
+                    help="KV pool of the pressured modes (all requests need N x (input + output))")
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--reserved-decode-tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    args = ap.parse_args()
+
+    print(f"machine: {machine_line()}", flush=True)
+    path = resolve_model(args.model)
+    vocab = model_config(path)["vocab_size"]
+    scheds = {}
+    for mode in args.modes:
+        scheds[mode] = build_scheduler(mode, path, args)
+        sa = scheds[mode].server_args
+        print(f"{mode}: KV pool {scheds[mode].init_free_kv} tokens, backup "
+              f"{getattr(sa, 'disaggregation_decode_retraction_backup', None) if mode != 'recompute' else None}",
+              flush=True)
+    for mode, s in scheds.items():  # warm-up
+        run_once(s, synthetic_prompts(2, 8, vocab, seed=5), 4, f"warm-{mode}")
+
+    res = {m: [] for m in args.modes}
+    bar = progress(args.reps * len(args.modes), "retraction")
+    for rep in range(args.reps):
+        prompts = synthetic_prompts(args.num_requests, args.input_len, vocab, seed=100 + rep)
+        order = args.modes if rep % 2 == 0 else args.modes[::-1]
+        outs = {}
+        for mode in order:
+            r = run_once(scheds[mode], prompts, args.output_len, f"r{rep}-{mode}")
+            outs[mode] = r.pop("outputs")
+            r["same_as_ref"] = None
+            res[mode].append(r)
+            bar.update(1)
+            bar.set_postfix_str(f"{mode} {r['output_tokens'] / r['elapsed']:.0f} tok/s")
+        if "unpressured" in outs:
+            for mode in outs:
+                res[mode][-1]["same_as_ref"] = outs[mode] == outs["unpressured"]
+    bar.close()
+
+    prompt_tokens = args.num_requests * args.input_len
+    rows = []
+    base = statistics.median(r["output_tokens"] / r["elapsed"] for r in res[args.modes[0]])
+    for mode in args.modes:
+        rs = res[mode]
+        tps = statistics.median(r["output_tokens"] / r["elapsed"] for r in rs)
+        recomputed = statistics.median(r["recomputed"] for r in rs)
+        same = {r["same_as_ref"] for r in rs}
+        rows.append([mode, scheds[mode].init_free_kv, tps, f"{tps / base:.2f}x",
+                     statistics.median(r["retracted"] for r in rs), int(recomputed),
+                     f"{recomputed / prompt_tokens:.2f}", statistics.median(r["aborted"] for r in rs),
+                     "-" if same == {None} else ("yes" if same == {True} else "NO")])
+    print(f"\nmachine at end: {machine_line()}")
+    print_table(f"Retraction under decode memory pressure ({args.model}:{args.dtype}, {args.num_requests} reqs x "
+                f"{args.input_len} in / {args.output_len} out, page {args.page_size}; median of {args.reps})",
+                ["mode", "KV pool tokens", "out tok/s", f"vs {args.modes[0]}", "retractions",
+                 "recomputed tokens", "recomputed / prompt tokens", "aborted", "outputs == unpressured"], rows)
+
+
+if __name__ == "__main__":
+    main()
