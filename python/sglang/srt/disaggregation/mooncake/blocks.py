@@ -46,6 +46,24 @@ def _page_blocks(src_ptrs, dst_ptrs, item_lens, dst_item_lens, src_pages, dst_pa
     return srcs, dsts, lens
 
 
+def mamba_state_layout_mismatch(kv_args, reg):
+    """The error a decode registration's Mamba state layout must be rejected with (None: it
+    matches): checked when the peer registers, so no request is prefilled for a peer whose
+    state slots differ from ours (a different --mamba-ssm-dtype, model or TP layout)."""
+    for t, state_type in enumerate(kv_args.state_types):
+        if state_type != StateType.MAMBA:
+            continue
+        item_lens = kv_args.state_item_lens[t]
+        dst_item_lens = reg.dst_state_item_lens[t] if t < len(reg.dst_state_item_lens) else []
+        if len(item_lens) != len(dst_item_lens):
+            return f"Prefill/Decode Mamba state tensor count mismatch (src={len(item_lens)}, dst={len(dst_item_lens)})"
+        for il, dil in zip(item_lens, dst_item_lens):
+            if il != dil:
+                return (f"Prefill/Decode Mamba slot size mismatch (src={il}, dst={dil}). "
+                        "Configure matching persistent state layouts on both peers.")
+    return None
+
+
 def build_chunk_blocks(kv_args, reg, info, chunk) -> Tuple[List[int], List[int], List[int]]:
     src_pages = np.asarray(chunk.prefill_kv_indices, dtype=np.int64)
     dst_pages = np.asarray(info.dst_kv_indices, dtype=np.int64)[chunk.index_slice]

@@ -15,7 +15,7 @@ import requests
 import zmq
 
 from sglang.srt.disaggregation.base import KVTransferMetric
-from sglang.srt.disaggregation.mooncake.blocks import build_chunk_blocks
+from sglang.srt.disaggregation.mooncake.blocks import build_chunk_blocks, mamba_state_layout_mismatch
 from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, connect_host, env_float, logger
 from sglang.srt.disaggregation.mooncake.messages import (
     ABORT_TAG,
@@ -47,6 +47,7 @@ class PrefillManagerMixin:
         self.transfer_infos: Dict[int, Dict[str, TransferInfo]] = {}
         self.decode_kv_args_table: Dict[str, KVArgsRegisterInfo] = {}
         self.closed_rooms: Dict[int, str] = {}  # aborted / failed rooms: late metadata is answered with Failed
+        self.rejected_sessions: Dict[str, str] = {}  # decode peers whose registration was refused: why
         self.max_transfer_blocks = max(int(env_float("SGLANG_DISAGGREGATION_MAX_TRANSFER_BLOCKS", 2048)), 1)
         n = max(int(env_float("SGLANG_DISAGGREGATION_QUEUE_SIZE", 4)), 1)
         self.transfer_queues: List[queue.Queue] = [queue.Queue() for _ in range(n)]
@@ -117,6 +118,12 @@ class PrefillManagerMixin:
                 if msg[0] == REGISTRATION_ROOM:
                     info = KVArgsRegisterInfo.from_zmq(msg)
                     self.decode_kv_args_table[info.mooncake_session_id] = info
+                    err = mamba_state_layout_mismatch(self.kv_args, info)
+                    if err is not None:
+                        logger.error("Refusing decode registration of %s: %s", info.mooncake_session_id, err)
+                        self.rejected_sessions[info.mooncake_session_id] = err
+                    else:
+                        self.rejected_sessions.pop(info.mooncake_session_id, None)
                 elif msg[0] == ABORT_TAG:
                     room, session_id, reason = parse_abort_message(msg)
                     self._close_room(room, f"Request {room} was aborted by the decode instance ({reason})", notify=False)
@@ -135,6 +142,11 @@ class PrefillManagerMixin:
         room = info.room
         if room in self.closed_rooms:
             self._push(info.endpoint, info.dst_port, build_status_message(room, KVPoll.Failed, self.kv_args.engine_rank, self.closed_rooms[room]))
+            return
+        rejected = self.rejected_sessions.get(info.mooncake_session_id)
+        if rejected is not None:  # refused at registration: fail the room before any prefill
+            self._close_room(room, rejected, notify=False)
+            self._push(info.endpoint, info.dst_port, build_status_message(room, KVPoll.Failed, self.kv_args.engine_rank, rejected))
             return
         infos = self.transfer_infos.setdefault(room, {})
         infos[info.mooncake_session_id] = info
