@@ -2,7 +2,9 @@
 Mamba state, frees both, and restores them into new slots on resume; outputs must equal HF's
 greedy tokens with no prompt recomputed (a lost or stale state would change them), and no KV,
 row or Mamba slot may leak. The decode server runs with the `fake` transfer backend (local
-prefill stands in for the transfer). Host-pool retraction is refused for these models."""
+prefill stands in for the transfer). Host-pool retraction is refused for these models.
+Then a prefill and a decode scheduler in one process exchange KV + Mamba state over the real
+Mooncake engine (TCP): HF's greedy tokens; a decode peer with other slot sizes is refused."""
 
 import random
 
@@ -86,3 +88,82 @@ def test_host_pool_is_rejected_at_start_and_by_check_server_args(arch_models, ca
     out = capsys.readouterr()
     assert rc != 0
     assert SEED_MESSAGE in out.out + out.err
+
+
+# ---- 1P1D over the real Mooncake engine (TCP on loopback), both schedulers in this process -------
+def _pd_pair(model_dir, decode_kw=None):
+    from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
+    from sglang.srt.utils import get_free_port
+
+    port = get_free_port()
+    server = KVBootstrapServer("127.0.0.1", port)
+    common = dict(model_path=model_dir, dtype="float32", max_total_tokens=1024, page_size=1, chunked_prefill_size=16,
+                  host="127.0.0.1", disaggregation_transfer_backend="mooncake_tcp",
+                  disaggregation_bootstrap_port=port, max_running_requests=8)
+    prefill = Scheduler(ServerArgs(disaggregation_mode="prefill", **common))
+    decode = Scheduler(ServerArgs(disaggregation_mode="decode", **common, **(decode_kw or {})))
+    return server, port, prefill, decode
+
+
+def _pd_run(prefill, decode, port, ps, n):
+    import time
+
+    def recv(rid, ids, room):
+        sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+        sp.normalize(None)
+        return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp,
+                                         bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
+
+    dreqs = []
+    for i, p in enumerate(ps):
+        prefill.add_request(recv(f"p{i}", p, 7000 + i))
+        dreqs.append(decode.add_request(recv(f"d{i}", p, 7000 + i)))
+    deadline = time.monotonic() + 60
+    while (prefill.has_work() or decode.has_work()) and time.monotonic() < deadline:
+        prefill.step()
+        decode.step()
+        time.sleep(0.001)
+    assert not decode.has_work(), "PD pair did not finish"
+    return dreqs
+
+
+def _close(server, prefill, decode):
+    prefill.prefill_queues.kv_manager.close()
+    decode.decode_queues.kv_manager.close()
+    server.close()
+
+
+def test_1p1d_mooncake_transfers_the_mamba_state(arch_models):
+    pytest.importorskip("mooncake.engine")
+    arch, d, hf = arch_models
+    server, port, prefill, decode = _pd_pair(d)
+    try:
+        ps = prompts(3, 37, seed=31)  # 3 prefill chunks each: the state crosses chunks, then the wire
+        dreqs = _pd_run(prefill, decode, port, ps, 8)
+        for r, p in zip(dreqs, ps):
+            assert r.finished_reason.to_json() == {"type": "length", "length": 8}, r.finished_reason.to_json()
+            assert r.output_ids == hf_greedy(hf, p, 8), r.rid
+        assert decode.mamba_pool.available_size() == decode.mamba_pool.size
+        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+        prefill.tree_cache.evict(EvictParams(num_tokens=prefill.init_free_kv))
+        assert prefill.mamba_pool.available_size() == prefill.mamba_pool.size
+    finally:
+        _close(server, prefill, decode)
+
+
+def test_1p1d_mamba_slot_size_mismatch_is_refused_at_registration(arch_models):
+    pytest.importorskip("mooncake.engine")
+    arch, d, hf = arch_models
+    if arch != "nemotron_h":
+        pytest.skip("one model is enough")
+    server, port, prefill, decode = _pd_pair(d, decode_kw={"mamba_ssm_dtype": "bfloat16"})  # half-size SSM slots
+    try:
+        dreqs = _pd_run(prefill, decode, port, prompts(2, 20, seed=32), 4)
+        for r in dreqs:
+            msg = r.finished_reason.to_json()
+            assert msg["type"] == "abort" and "Prefill/Decode Mamba slot size mismatch" in msg["message"], msg
+        assert prefill.forward_ct == 0  # refused before any prefill ran
+        assert decode.mamba_pool.available_size() == decode.mamba_pool.size
+    finally:
+        _close(server, prefill, decode)
