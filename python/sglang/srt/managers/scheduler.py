@@ -479,6 +479,8 @@ class Scheduler:
             "evictable_kv_tokens": self.tree_cache.evictable_size(),
             "protected_kv_tokens": self.tree_cache.protected_size(),
             "available_req_slots": self.req_to_token_pool.available_size(),
+            "req_pool_size": self.req_to_token_pool.size,
+            "max_running_requests": self.max_running_requests,
             "num_retracted_reqs_total": self.num_retracted_total,
             "num_recomputed_tokens": self.num_recomputed_tokens,
             "new_token_ratio": self.new_token_ratio,

@@ -1,0 +1,120 @@
+"""PD failures end promptly with a clear error and leak nothing (issue 6): a dead bootstrap port, a
+prefill server killed while a request waits for its KV, and aborts while a transfer is pending."""
+
+import concurrent.futures as cf
+import time
+
+import pytest
+import requests
+
+from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, stop_server
+from sglang.test.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.server
+
+FAST_FAIL = {
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "8",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "8",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.5",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+}
+COMMON = ["--max-total-tokens", "2048", "--dtype", "float32"]
+PARAMS = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def url(port):
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("pd_fault_llama")), "llama", seed=7)
+
+
+@pytest.fixture(scope="module")
+def decode(model_dir, tmp_path_factory):
+    port = find_free_port()
+    proc = launch_decode(model_dir, port, COMMON, env=FAST_FAIL,
+                         log_path=str(tmp_path_factory.mktemp("logs") / "decode.log"))
+    yield port
+    stop_server(proc)
+
+
+def state(port):
+    return requests.get(url(port) + "/server_info", timeout=30).json()["internal_states"][0]
+
+
+def assert_idle_and_clean(port):
+    s = state(port)
+    assert s["num_running_reqs"] == 0 and s["num_waiting_reqs"] == 0
+    assert s["available_kv_tokens"] + s["evictable_kv_tokens"] == s["max_total_num_tokens"]
+    assert s["protected_kv_tokens"] == 0
+    assert s["available_req_slots"] == s["req_pool_size"]
+    d = s["disaggregation"]
+    assert d.get("num_prealloc_queue_reqs", 0) == 0 and d.get("num_transfer_queue_reqs", 0) == 0
+    assert d.get("num_bootstrap_queue_reqs", 0) == 0 and d.get("num_inflight_queue_reqs", 0) == 0
+    if "available_metadata_rows" in d:
+        assert d["available_metadata_rows"] == 2 * s["max_running_requests"]
+
+
+def test_dead_bootstrap_port_fails_promptly(decode):
+    dead = find_free_port()
+    t0 = time.time()
+    r = requests.post(url(decode) + "/generate", timeout=60, json={
+        "text": "hello", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1", "bootstrap_port": dead,
+        "bootstrap_room": 42})
+    assert time.time() - t0 < 30
+    assert r.status_code >= 500, r.text
+    body = r.json()
+    message = body["error"]["message"] if "error" in body else body["message"]
+    assert "Failed to receive the KV cache" in message and "Connection refused" in message
+    assert_idle_and_clean(decode)
+
+
+def test_prefill_killed_while_decode_waits(decode, model_dir, tmp_path):
+    p, b = find_free_port(), find_free_port()
+    prefill = launch_prefill(model_dir, p, b, COMMON, env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
+    try:
+        body = {"text": "never prefilled", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": b, "bootstrap_room": 7}
+        with cf.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(requests.post, url(decode) + "/generate", json=body, timeout=90)
+            time.sleep(2)  # the decode request has bootstrapped and waits for the prefill's KV
+            assert not fut.done()
+            stop_server(prefill)
+            prefill = None
+            t0 = time.time()
+            r = fut.result()
+        assert time.time() - t0 < 30
+        assert r.status_code >= 500, r.text
+        assert_idle_and_clean(decode)
+    finally:
+        if prefill is not None:
+            stop_server(prefill)
+
+
+def test_abort_during_transfer_on_both_sides(decode, model_dir, tmp_path):
+    p, b = find_free_port(), find_free_port()
+    prefill = launch_prefill(model_dir, p, b, COMMON, env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
+    try:
+        with cf.ThreadPoolExecutor(2) as ex:
+            # Decode-only: waits for KV that never comes (the prefill never gets this request).
+            dec = ex.submit(requests.post, url(decode) + "/generate", timeout=90, json={
+                "text": "abort me", "rid": "abort-d", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": b, "bootstrap_room": 99})
+            # Prefill-only: waits in its bootstrap queue for a decode that never asks.
+            pre = ex.submit(requests.post, url(p) + "/generate", timeout=90, json={
+                "text": "abort me too", "rid": "abort-p", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": b, "bootstrap_room": 100})
+            time.sleep(2)
+            assert not dec.done() and not pre.done()
+            requests.post(url(decode) + "/abort_request", json={"rid": "abort-d"}, timeout=10)
+            requests.post(url(p) + "/abort_request", json={"rid": "abort-p"}, timeout=10)
+            for fut in (dec, pre):
+                body = fut.result(timeout=30).json()
+                reason = body["meta_info"]["finish_reason"] if "meta_info" in body else {"type": "abort"}
+                assert reason["type"] == "abort", body
+        assert_idle_and_clean(decode)
+        assert_idle_and_clean(p)
+    finally:
+        stop_server(prefill)
