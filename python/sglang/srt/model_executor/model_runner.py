@@ -18,13 +18,15 @@ server is a PD role (transfer and retraction backups move one MHA pool); otherwi
 
 KV pool size: `max_total_tokens` when given, else `mem_fraction_static` (default
 CPU_DEFAULT_MEM_FRACTION) x host memory available after loading the weights (psutil) divided by
-the KV bytes per token; rounded down to whole pages either way.
+the KV bytes per token, on CPU at most `SGLANG_CPU_KV_CACHE_SPACE` GiB (default 2); rounded down to
+whole pages either way.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 from typing import Any, Optional
 
 import torch
@@ -138,8 +140,12 @@ class ModelRunner:
 
     def profile_max_num_token(self, mem_fraction_static: Optional[float]) -> int:
         frac = CPU_DEFAULT_MEM_FRACTION if mem_fraction_static is None else float(mem_fraction_static)
-        avail = _available_memory_bytes(self.device)
-        return int(frac * avail // self.kv_bytes_per_token())
+        budget = frac * _available_memory_bytes(self.device)
+        if not self.device.startswith("cuda"):
+            # Host RAM is shared with everything else on the machine (and with the other PD role):
+            # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
+            budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * (1 << 30))
+        return int(budget // self.kv_bytes_per_token())
 
     def init_memory_pool(self, max_total_tokens: Optional[int], mem_fraction_static: Optional[float],
                          max_running_requests: Optional[int]) -> None:
