@@ -129,6 +129,24 @@ def test_mamba_slots_bound_admission_and_tree_states_are_evicted(arch_models):
     assert_no_leak(sched)
 
 
+@pytest.mark.parametrize("slots", [1, 2])
+def test_tiny_mamba_pool_never_stalls(arch_models, slots):
+    """With 1 slot the tree's only state is the one a match would need: the request starts from
+    scratch instead of waiting forever; with 2 the finished request's donated slot is hit."""
+    arch, d, hf = arch_models
+    sched = make_scheduler(d, max_mamba_cache_size=slots, max_running_requests=1)
+    base = prompts([20], seed=17)[0]
+    first = submit(sched, "first", base, 4)
+    run(sched)
+    follow = base + first.output_ids[:-1] + prompts([5], seed=18)[0]
+    turn = submit(sched, "turn", follow, 4)
+    run(sched)
+    assert first.output_ids == hf_greedy(hf, base, 4)
+    assert turn.output_ids == hf_greedy(hf, follow, 4)
+    assert turn.cached_tokens == (0 if slots == 1 else len(base) + 3)
+    assert_no_leak(sched)
+
+
 def test_host_pool_retraction_is_rejected_for_mamba_models(arch_models):
     arch, d, hf = arch_models
     if arch != "nemotron_h":

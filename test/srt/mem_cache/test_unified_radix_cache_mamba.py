@@ -219,14 +219,17 @@ def test_eviction_tombstones_internal_nodes_deletes_leaves_and_cascades():
 
 def test_pool_pressure_evicts_tree_states_for_requests():
     h = Harness(mamba_slots=3)
-    # The request holds one slot, so the tree has two: storing states after 6 and 10 tokens
-    # evicts the older ones (after 2, then 4), LRU.
-    h.run(A, chunks=[2, 4, 6])
-    assert h.tree_slots() == 2 and h.mamba.available_size() == 1
-    assert h.match(A[:9]).device_prefix_len == 6 and h.match(A[:5]).device_prefix_len == 0
+    # While the request runs it holds one slot, so the tree keeps two chunk-end states: storing
+    # the one after 6 tokens evicts the oldest (after 2). At finish the request's own slot is
+    # donated to the tree (no copy) for the state after 10 tokens.
+    r0 = h.run(A, chunks=[2, 4, 6])
+    assert r0.mamba_pool_idx is None
+    assert h.tree_slots() == 3 and h.mamba.available_size() == 0
+    assert h.match(A).device_prefix_len == 10 and h.match(A[:9]).device_prefix_len == 6
+    assert h.match(A[:5]).device_prefix_len == 4 and h.match(A[:3]).device_prefix_len == 0
     r1, r2 = Req([1, 2, 3]), Req([4, 5, 6])
-    h.admit(r1)  # the free slot
-    h.admit(r2)  # evicts the least recently used tree state
+    h.admit(r1)  # each new request evicts the least recently used tree state
+    h.admit(r2)
     assert None not in (r1.mamba_pool_idx, r2.mamba_pool_idx) and h.tree_slots() == 1
     for r in (r1, r2):
         h.cache.cache_finished_req(r, is_insert=False)

@@ -61,13 +61,19 @@ class PrefillAdder:
         # evicting an unlocked tree state).
         self.mamba_pool = getattr(tree_cache, "mamba_pool", None)
 
-    def _mamba_slot_available(self) -> bool:
+    def _mamba_slot_available(self, anchor=None) -> bool:
+        """A slot for one more request; `anchor`: the node its match ends at, whose state the
+        admission will pin until it is copied (so that state cannot be evicted for the slot)."""
         if self.mamba_pool is None:
             return True
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         need = sum(1 for r in self.can_run if r.mamba_pool_idx is None) + 1
         evictable = self.tree_cache.component_evictable_size(ComponentType.MAMBA)
+        if anchor is not None and not anchor.is_root:
+            d = anchor.data(ComponentType.MAMBA)
+            if d.value is not None and d.lock_ref == 0:
+                evictable -= 1
         return self.mamba_pool.available_size() + evictable >= need
 
     def add_chunked_req(self, req: Req) -> Optional[Req]:
@@ -108,6 +114,14 @@ class PrefillAdder:
         if not self._mamba_slot_available():
             return "no_room"
         match_prefix(req, self.tree_cache)
+        if self.mamba_pool is not None and not self._mamba_slot_available(req.prefix_match.last_device_node):
+            # The only state that could be evicted for this request's slot is the one its match
+            # needs: start from no prefix rather than wait for a slot that never comes.
+            from sglang.srt.mem_cache.radix_key import RadixKey
+            from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
+
+            req.prefix_match = self.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey([], req.extra_key)))
+            req.prefix_indices = req.prefix_match.device_indices
         prefix_len = len(req.prefix_indices)
         extend_len = len(req.fill_ids) - prefix_len
         left = req.sampling_params.max_new_tokens - len(req.output_ids)

@@ -238,14 +238,19 @@ class UnifiedRadixCache:
             slots = self.mamba_pool.alloc(1)
         return None if slots is None else slots[0]
 
-    def _store_mamba_state(self, req, node, num_tokens: int, state_tokens: int) -> None:
+    def _store_mamba_state(self, req, node, num_tokens: int, state_tokens: int, donate: bool = False) -> None:
         """Give `node` (the end of a freshly inserted key of `num_tokens` tokens) a copy of the
-        request's state, which summarises `state_tokens` tokens; only when the two agree."""
+        request's state, which summarises `state_tokens` tokens; only when the two agree.
+        `donate` (the request is done with its slot): the tree takes the slot itself, no copy."""
         slot = getattr(req, "mamba_pool_idx", None)
         if not self.has_mamba_component or slot is None or node.is_root or num_tokens != state_tokens:
             return
         if node.data(MAMBA).value is not None:
             return  # same prefix, same state: keep the tree's copy
+        if donate:
+            self.core.set_component_value(node, MAMBA, torch.tensor([slot], dtype=torch.int64))
+            req.mamba_pool_idx = None  # now the tree's; free_req_mamba_slot has nothing to free
+            return
         self.core.inc_component_lock(node, FULL)  # keep `node` alive while evicting for a slot
         try:
             tree_slot = self.alloc_mamba_slot()
@@ -307,7 +312,7 @@ class UnifiedRadixCache:
             assert res.prefix_len >= protected, "the request's locked prefix vanished from the tree"
             free(row[protected : res.prefix_len])  # duplicates: the tree already has those tokens
             free(row[aligned:])  # the unaligned tail page is not cached
-            self._store_mamba_state(req, res.last_device_node, aligned, n)
+            self._store_mamba_state(req, res.last_device_node, aligned, n, donate=True)
         self._release_lock(req)
         self.free_req_mamba_slot(req)
         self.req_to_token_pool.free(req.req_pool_idx)
