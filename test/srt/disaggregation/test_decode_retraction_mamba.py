@@ -105,7 +105,7 @@ def _pd_pair(model_dir, decode_kw=None):
     return server, port, prefill, decode
 
 
-def _pd_run(prefill, decode, port, ps, n):
+def _pd_run(prefill, decode, port, ps, n, room0=7000):
     import time
 
     def recv(rid, ids, room):
@@ -116,8 +116,8 @@ def _pd_run(prefill, decode, port, ps, n):
 
     dreqs = []
     for i, p in enumerate(ps):
-        prefill.add_request(recv(f"p{i}", p, 7000 + i))
-        dreqs.append(decode.add_request(recv(f"d{i}", p, 7000 + i)))
+        prefill.add_request(recv(f"p{room0 + i}", p, room0 + i))
+        dreqs.append(decode.add_request(recv(f"d{room0 + i}", p, room0 + i)))
     deadline = time.monotonic() + 60
     while (prefill.has_work() or decode.has_work()) and time.monotonic() < deadline:
         prefill.step()
@@ -143,6 +143,10 @@ def test_1p1d_mooncake_transfers_the_mamba_state(arch_models):
         for r, p in zip(dreqs, ps):
             assert r.finished_reason.to_json() == {"type": "length", "length": 8}, r.finished_reason.to_json()
             assert r.output_ids == hf_greedy(hf, p, 8), r.rid
+        # The same prompt again: the prefill server starts from its cached state after 32 tokens
+        # (copy-on-write into the request's slot) and sends that request's state.
+        again = _pd_run(prefill, decode, port, ps[:1], 8, room0=8000)[0]
+        assert again.output_ids == dreqs[0].output_ids and again.cached_tokens == 32
         assert decode.mamba_pool.available_size() == decode.mamba_pool.size
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
