@@ -210,8 +210,9 @@ def init_mamba_pool_for_runner(runner) -> Optional[MambaPool]:
     conv_shape, ssm_shape = model.mamba_state_shapes()
     ssm_dtype = resolve_mamba_ssm_dtype(_runner_opt(runner, "mamba_ssm_dtype"), runner.hf_config, runner.dtype)
     per_slot = MambaPool.bytes_per_slot_for(len(layer_ids), conv_shape, ssm_shape, runner.dtype, ssm_dtype)
-    # States are not prefix-cached yet (the radix cache's MAMBA component is a seam), so a
-    # slot per running request is the sizing rule unless the user sets the size. Without
+    # A slot per running request is the sizing rule unless the user sets the size; the radix
+    # cache's MAMBA component keeps prefix states in the slots requests leave free and gives
+    # them up (evicts) whenever a request needs one (--max-mamba-cache-size for more). Without
     # --max-running-requests upstream takes 512 slots; more than the runner's own request
     # limit would never be used.
     user_mrr = _runner_opt(runner, "max_running_requests")
