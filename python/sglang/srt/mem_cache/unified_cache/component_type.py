@@ -10,7 +10,7 @@ class ComponentType(int, Enum):
     FULL = 0
     # Sliding-window-attention KV in the separate SWA pool; internal nodes may hold a tombstone.
     SWA = 1
-    # Recurrent (SSM/conv) state slot, one per node (hybrid Mamba models; not implemented yet).
+    # Recurrent (SSM/conv) state slot, one per node (hybrid Mamba models, copy-on-write).
     MAMBA = 2
     # NPU DeepSeek-V4 compression sidecar and draft SWA: upstream numbers, unused here.
     C128 = 3
