@@ -479,6 +479,7 @@ class Scheduler:
             "evictable_kv_tokens": self.tree_cache.evictable_size(),
             "protected_kv_tokens": self.tree_cache.protected_size(),
             "available_req_slots": self.req_to_token_pool.available_size(),
+            "available_mamba_slots": self.mamba_pool.available_size() if self.mamba_pool is not None else None,
             "req_pool_size": self.req_to_token_pool.size,
             "max_running_requests": self.max_running_requests,
             "num_retracted_reqs_total": self.num_retracted_total,
