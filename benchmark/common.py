@@ -186,7 +186,7 @@ def peer_python(peer: str) -> Optional[str]:
     if peer == "ours":
         return our_python()
     p = os.path.join(VENVS_DIR, peer, "bin", "python")
-    if os.path.exists(p):
+    if os.path.exists(p) and not os.path.exists(os.path.join(VENVS_DIR, peer, ".broken")):
         return p
     if peer == "hf":
         return our_python()

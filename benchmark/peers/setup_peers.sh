@@ -25,7 +25,9 @@ new_venv() {  # new_venv NAME -> creates the venv (fresh) and upgrades pip
     "$PY" -m venv "$VENVS/$1" && "$VENVS/$1/bin/pip" install -q --upgrade pip >/dev/null
 }
 
-skip() { echo "SKIP $1: $2"; rm -rf "$VENVS/$1"; }
+# A failed peer keeps its venv (for a quick manual fix) but is marked broken; the benchmarks treat
+# a venv with a .broken file as not installed.
+skip() { echo "SKIP $1: $2"; [ -d "$VENVS/$1" ] && echo "$2" > "$VENVS/$1/.broken"; }
 
 setup_hf() {
     new_venv hf || { skip hf "venv creation failed"; return; }
@@ -48,7 +50,7 @@ setup_vllm() {
 setup_sglang_upstream() {
     # The sglang wheel's dependencies are GPU-only; its CPU route is reached with --no-deps plus the
     # dependencies its CPU path imports, under the CPU torch, and a stand-in `sgl_kernel` module for
-    # the two CPU ops its Llama path calls (see peers/sgl_kernel_standin/).
+    # the two CPU ops its Llama path calls (see peers/sgl_kernel_standin/). ~3 min.
     new_venv sglang_upstream || { skip sglang_upstream "venv creation failed"; return; }
     local pip="$VENVS/sglang_upstream/bin/pip"
     $pip install -q "$TORCH_PIN" "triton==3.7.1" || { skip sglang_upstream "torch install failed"; return; }
@@ -56,11 +58,18 @@ setup_sglang_upstream() {
     $pip install -q "transformers==5.24.0" accelerate safetensors numpy pyzmq fastapi uvicorn uvloop orjson \
         pydantic requests aiohttp psutil setproctitle msgspec partial_json_parser pybase64 interegular \
         compressed-tensors einops openai tiktoken sentencepiece prometheus-client "xgrammar==0.2.9" \
-        python-multipart pillow blobfile llguidance outlines torchao scipy huggingface_hub \
+        python-multipart pillow blobfile llguidance outlines torchao scipy huggingface_hub ipython easydict gguf \
+        xxhash zstandard watchfiles dill "torchvision==0.28.*" \
         "$TORCH_PIN" "triton==3.7.1" || { skip sglang_upstream "dependency install failed"; return; }
     local site
     site="$("$VENVS/sglang_upstream/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
+    rm -rf "$site/sgl_kernel"
     cp -r "$HERE/sgl_kernel_standin" "$site/sgl_kernel"
+    # torchvision's C ops cannot load under the CPU torch, and its import registers fake kernels
+    # for them; upstream imports torchvision only for multimodal preprocessing, never for Llama.
+    for m in _meta_registrations _autograd_registrations; do
+        echo '"""Emptied by setup_peers.sh: the C ops cannot load under the CPU torch."""' > "$site/torchvision/$m.py"
+    done
     SGLANG_USE_CPU_ENGINE=1 "$VENVS/sglang_upstream/bin/python" -c "import sglang, sglang.srt.entrypoints.engine" \
         || { skip sglang_upstream "import sglang engine failed"; return; }
     echo "OK sglang_upstream: $("$VENVS/sglang_upstream/bin/python" -c 'import sglang; print(sglang.__version__)')"

@@ -1,0 +1,114 @@
+"""Where the engine's decode time goes: the scheduler driven in-process, profiled.
+
+Builds `Scheduler` for a model (default: SmolLM2-135M-Instruct), prefills a batch, then profiles
+decode steps with cProfile (Python: scheduler loop, batch building, sampling) and torch.profiler
+(operators: GEMMs, attention, small-tensor ops), and prints the split of a decode step into the
+model forward and everything around it, plus the top entries of both profiles.
+
+    python benchmark/profile_decode.py                          # default model, bf16, batch 16
+    python benchmark/profile_decode.py --dtype float32 --batch 1 --steps 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_line, model_config, print_table, resolve_model, synthetic_prompts  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=24, help="decode steps profiled")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--attention-backend", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)
+    path = resolve_model(args.model)
+    kw = dict(model_path=path, dtype=args.dtype, max_total_tokens=8192, log_level="error")
+    if args.attention_backend:
+        kw["attention_backend"] = args.attention_backend
+    sched = Scheduler(ServerArgs(**kw))
+    print(f"attention backend: {sched.server_args.attention_backend}", flush=True)
+    vocab = model_config(path)["vocab_size"]
+    total = 3 * args.steps + 8
+
+    def submit(seed):
+        for i, p in enumerate(synthetic_prompts(args.batch, args.input_len, vocab, seed)):
+            sp = SamplingParams(max_new_tokens=total, temperature=0.0, ignore_eos=True)
+            sp.normalize(None)
+            sched.add_request(TokenizedGenerateReqInput(rid=f"p{seed}-{i}", input_text=None, input_ids=p,
+                                                        sampling_params=sp))
+
+    submit(1)
+    while sched.waiting_queue or sched.chunked_req:  # prefill
+        sched.step()
+    for _ in range(4):  # warm-up decode
+        sched.step()
+
+    # 1) Wall split: model forward vs the rest of a step.
+    runner = sched.model_runner
+    fwd_time = [0.0]
+    orig_forward = runner.forward
+
+    def timed_forward(fb):
+        t = time.perf_counter()
+        out = orig_forward(fb)
+        fwd_time[0] += time.perf_counter() - t
+        return out
+
+    runner.forward = timed_forward
+    t = time.perf_counter()
+    for _ in range(args.steps):
+        sched.step()
+    wall = time.perf_counter() - t
+    runner.forward = orig_forward
+    print_table(f"Decode step split ({args.model}:{args.dtype}, batch {args.batch}, {args.steps} steps)",
+                ["ms / step", "model forward ms", "outside forward ms", "forward share", "tok/s"],
+                [[1000 * wall / args.steps, 1000 * fwd_time[0] / args.steps,
+                  1000 * (wall - fwd_time[0]) / args.steps, f"{100 * fwd_time[0] / wall:.0f}%",
+                  args.batch * args.steps / wall]])
+
+    # 2) Python profile of whole steps.
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.steps):
+        sched.step()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.top)
+    print("\n### cProfile, sorted by own time\n```")
+    print("\n".join(s.getvalue().splitlines()[:args.top + 12]))
+    print("```")
+
+    # 3) Operator profile of whole steps.
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as tp:
+        for _ in range(args.steps):
+            sched.step()
+    print("\n### torch.profiler, sorted by self CPU time\n```")
+    print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    print("```")
+
+
+if __name__ == "__main__":
+    main()
