@@ -1,0 +1,174 @@
+"""One command for a whole PD deployment on one machine: prefill server + decode server + router.
+
+    python -m sglang.launch_pd --model-path default [--port 30000] [-- <flags for both servers>]
+
+Per-role flags come from role templates: the flags in `PREFILL_TEMPLATE` / `DECODE_TEMPLATE`
+plus the user's common flags, where a decode-only flag (`--disaggregation-decode-*`,
+`--num-reserved-decode-tokens`) never reaches the prefill server. Each role's flag set goes
+through `sglang.check_server_args` first, so a wrong combination fails in a second, before any
+weights load. The router is the real `sglang-router` when installed (`--router rust|mini-lb`),
+else the in-tree `sglang.srt.disaggregation.mini_lb`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from typing import List, Sequence
+
+DECODE_ONLY_PREFIXES = ("--disaggregation-decode-", "--num-reserved-decode-tokens")
+PREFILL_ONLY_PREFIXES = ("--disaggregation-bootstrap-port",)
+
+
+def _split_flags(flags: Sequence[str]) -> List[List[str]]:
+    """Groups a flat argv into [flag, values...] items."""
+    groups: List[List[str]] = []
+    for tok in flags:
+        if tok.startswith("--") or not groups:
+            groups.append([tok])
+        else:
+            groups[-1].append(tok)
+    return groups
+
+
+def role_flags(role: str, common: Sequence[str], args) -> List[str]:
+    """Flags for one role: its template plus the common flags meant for it."""
+    out = ["--model-path", args.model_path, "--host", args.host, "--disaggregation-mode", role,
+           "--disaggregation-transfer-backend", args.transfer_backend]
+    if role == "prefill":
+        out += ["--port", str(args.prefill_port), "--disaggregation-bootstrap-port", str(args.bootstrap_port)]
+    else:
+        out += ["--port", str(args.decode_port),
+                "--disaggregation-decode-retraction-backup", args.decode_retraction_backup]
+    for group in _split_flags(common):
+        flag = group[0].split("=", 1)[0]
+        if role == "prefill" and flag.startswith(DECODE_ONLY_PREFIXES):
+            continue
+        if role == "decode" and flag.startswith(PREFILL_ONLY_PREFIXES):
+            continue
+        out += group
+    return out
+
+
+def check_role(flags: List[str]) -> None:
+    from sglang.check_server_args import main as check_main
+
+    code = check_main(flags)
+    if code != 0:
+        raise SystemExit(code)
+
+
+def router_cmd(args) -> List[str]:
+    prefill = f"http://{args.host}:{args.prefill_port}"
+    decode = f"http://{args.host}:{args.decode_port}"
+    use_rust = args.router in ("rust", "mini-lb") and importlib.util.find_spec("sglang_router") is not None
+    if use_rust:
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+               "--prefill", prefill, str(args.bootstrap_port), "--decode", decode,
+               "--host", args.host, "--port", str(args.port),
+               "--prometheus-host", args.host, "--prometheus-port", str(_router_metrics_port(args.host))]
+        return cmd + (["--mini-lb"] if args.router == "mini-lb" else [])
+    return [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", args.host, "--port", str(args.port),
+            "--prefill", prefill, "--decode", decode, "--prefill-bootstrap-ports", str(args.bootstrap_port)]
+
+
+def _router_metrics_port(host: str, preferred: int = 29000) -> int:
+    """The router's Prometheus port: its default 29000 unless taken (it would panic), else a free one."""
+    import socket
+
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+                return sock.getsockname()[1]
+            except OSError:
+                continue
+    return 0
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    import requests
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with code {proc.returncode} during start-up")
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} was not healthy within {timeout:.0f} s")
+
+
+def parse_args(argv: Sequence[str]):
+    argv = list(argv)
+    common: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, common = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="python -m sglang.launch_pd", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default="default", help="HF folder, or 'default' (packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000, help="router port (what clients call)")
+    p.add_argument("--prefill-port", type=int, default=30100)
+    p.add_argument("--decode-port", type=int, default=30200)
+    p.add_argument("--bootstrap-port", type=int, default=8998)
+    p.add_argument("--transfer-backend", default="mooncake_tcp", choices=["mooncake", "mooncake_tcp"])
+    p.add_argument("--decode-retraction-backup", default="host_pool", choices=["cpu_tensor", "host_pool", "none"])
+    p.add_argument("--router", default="rust", choices=["rust", "mini-lb", "in-tree"],
+                   help="rust/mini-lb: the sglang-router package; in-tree: sglang.srt.disaggregation.mini_lb")
+    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--check-only", action="store_true", help="validate both roles' flags and exit")
+    args = p.parse_args(argv)
+    return args, common
+
+
+def main(argv: Sequence[str] = None) -> int:
+    args, common = parse_args(sys.argv[1:] if argv is None else argv)
+    roles = {role: role_flags(role, common, args) for role in ("prefill", "decode")}
+    for role, flags in roles.items():
+        print(f"[launch_pd] checking {role} flags: {' '.join(flags)}", flush=True)
+        check_role(flags)
+    if args.check_only:
+        return 0
+    procs: List[subprocess.Popen] = []
+
+    def stop(*_):
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(0)))
+    try:
+        for role in ("prefill", "decode"):
+            procs.append(subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *roles[role]]))
+        wait_healthy(f"http://{args.host}:{args.prefill_port}", procs[0], args.startup_timeout)
+        wait_healthy(f"http://{args.host}:{args.decode_port}", procs[1], args.startup_timeout)
+        procs.append(subprocess.Popen(router_cmd(args)))
+        wait_healthy(f"http://{args.host}:{args.port}", procs[2], 120)
+        print(f"[launch_pd] PD deployment ready: http://{args.host}:{args.port} "
+              f"(prefill :{args.prefill_port}, decode :{args.decode_port}, bootstrap :{args.bootstrap_port})", flush=True)
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+        print("[launch_pd] a component exited; shutting the deployment down", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
