@@ -4,8 +4,10 @@ single plain server gives, and a dead backend must give an error status at once,
 
 import concurrent.futures as cf
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -217,10 +219,51 @@ def test_register_adds_servers_and_empty_lb_answers_503(cluster):
         stop_server(lb)
 
 
+class HangUpServer:
+    """A "decode server" that accepts a connection, reads the request, and hangs up a second later:
+    by then the LB's prefill leg has certainly reached the prefill server."""
+
+    def __init__(self, delay=1.0):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.delay = delay
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Timer(self.delay, conn.close).start()
+
+    def close(self):
+        self.sock.close()
+
+
+def wait_prefill_idle(cluster, timeout=20):
+    """No request left in the prefill server's queues, e.g. waiting for a decode that never comes
+    (its own bootstrap timeout would be minutes)."""
+    deadline = time.time() + timeout
+    while True:
+        state = requests.get(url(cluster["prefill"]) + "/server_info", timeout=10).json()["internal_states"][0]
+        pd_state = state["disaggregation"]
+        if (pd_state["num_bootstrap_queue_reqs"], pd_state["num_inflight_queue_reqs"], state["num_waiting_reqs"],
+                state["num_running_reqs"]) == (0, 0, 0, 0):
+            return
+        assert time.time() < deadline, state
+        time.sleep(0.5)
+
+
+def disconnect_count(cluster):
+    return (cluster["logs"] / "prefill.log").read_text(errors="replace").count(
+        "Request is disconnected from the client side")
+
+
 @pytest.mark.server
 def test_dead_decode_gives_an_error_status_quickly(cluster):
-    """The prefill leg is dropped too, so the prefill server aborts the request (it polls for a
-    vanished client every few seconds) and frees what it had allocated."""
     port, dead = find_free_port(), find_free_port()
     lb = launch_lb(port, [url(cluster["prefill"])], [url(dead)], [cluster["boot"]],
                    log_path=str(cluster["logs"] / "lb_dead.log"))
@@ -230,22 +273,31 @@ def test_dead_decode_gives_an_error_status_quickly(cluster):
             r = requests.post(url(port) + "/generate", json={"text": PROMPTS[0], "sampling_params": GREEDY,
                                                              "stream": stream}, timeout=30)
             assert r.status_code in (502, 503), r.text
-            assert "error" in r.json() and str(dead) in r.json()["error"]["message"]
+            assert str(dead) in r.json()["error"]["message"]
             assert time.time() - t0 < 5
-        r = requests.get(url(port) + "/health_generate", timeout=30)
-        assert r.status_code == 503
-        # The prefill server is left clean: the two requests it got no longer wait in its bootstrap
-        # queue for a decode that never comes (its own timeout would be minutes).
-        deadline = time.time() + 20
-        while True:
-            state = requests.get(url(cluster["prefill"]) + "/server_info", timeout=10).json()["internal_states"][0]
-            pd_state = state["disaggregation"]
-            if (pd_state["num_bootstrap_queue_reqs"], pd_state["num_inflight_queue_reqs"], state["num_waiting_reqs"],
-                    state["num_running_reqs"]) == (0, 0, 0, 0):
-                break
-            assert time.time() < deadline, state
-            time.sleep(0.5)
-        log = (cluster["logs"] / "prefill.log").read_text(errors="replace")
-        assert log.count("Request is disconnected from the client side") >= 2
+        assert requests.get(url(port) + "/health_generate", timeout=30).status_code == 503
+        wait_prefill_idle(cluster)
     finally:
         stop_server(lb)
+
+
+@pytest.mark.server
+def test_decode_hanging_up_aborts_the_prefill_leg(cluster):
+    """The LB drops the prefill leg when the decode leg fails, and our prefill server aborts a
+    request whose client went away, so nothing waits there for a transfer that never comes."""
+    port, hangup = find_free_port(), HangUpServer()
+    before = disconnect_count(cluster)
+    lb = launch_lb(port, [url(cluster["prefill"])], [url(hangup.port)], [cluster["boot"]],
+                   log_path=str(cluster["logs"] / "lb_hangup.log"))
+    try:
+        for stream in (False, True):
+            t0 = time.time()
+            r = requests.post(url(port) + "/generate", json={"text": PROMPTS[1], "sampling_params": GREEDY,
+                                                             "stream": stream}, timeout=30)
+            assert r.status_code == 502, r.text
+            assert time.time() - t0 < 5
+        wait_prefill_idle(cluster)
+        assert disconnect_count(cluster) - before == 2
+    finally:
+        stop_server(lb)
+        hangup.close()
