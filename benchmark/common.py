@@ -197,7 +197,8 @@ class Worker:
     """A loaded engine in a subprocess (peers/worker.py); `run()` sends one workload."""
 
     def __init__(self, backend: str, model: str, dtype: str, max_total_tokens: int = 32768,
-                 extra: Optional[dict] = None, log_path: Optional[str] = None, load_timeout: float = 400):
+                 extra: Optional[dict] = None, log_path: Optional[str] = None, load_timeout: float = 400,
+                 env_overrides: Optional[Dict[str, str]] = None):
         self.backend = backend
         self.name = PEER_NAMES.get(backend, backend)
         py = peer_python(backend)
@@ -207,6 +208,7 @@ class Worker:
         self.log = open(self.log_path, "w")
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.update(env_overrides or {})
         if backend == "ours":
             env["PYTHONPATH"] = os.path.join(REPO_ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
         else:  # a peer must never see this repo's `sglang` package

@@ -45,7 +45,8 @@ def parse_workload(s: str):
     return {"batch": b, "input_len": i, "output_len": o, "name": s}
 
 
-def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int, gguf_dir) -> List[Worker]:
+def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int, gguf_dir,
+                  threads=None) -> List[Worker]:
     workers = []
     for name in names:
         extra = {}
@@ -56,7 +57,8 @@ def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int
                 continue
             extra["gguf"] = gguf
         try:
-            w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra)
+            env = {"OMP_NUM_THREADS": str(threads)} if threads and name in ("ours", "hf", "sglang_upstream") else None
+            w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra, env_overrides=env)
             print(f"loaded {w.name} {w.version} in {w.load_s:.1f} s", flush=True)
             workers.append(w)
         except RuntimeError as e:
@@ -69,7 +71,7 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
     cfg = model_config(path)
     vocab = cfg["vocab_size"]
     need = max(w["batch"] * (w["input_len"] + w["output_len"]) for w in workloads) + 512
-    workers = start_workers(["ours"] + peers, path, dtype, max(need, 4096), args.gguf_dir)
+    workers = start_workers(["ours"] + peers, path, dtype, max(need, 4096), args.gguf_dir, args.threads)
     if not workers or workers[0].backend != "ours":
         for w in workers:
             w.close()
@@ -130,6 +132,9 @@ def main():
                     help="peers to run beside ours (default: all; missing ones are skipped)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions per workload (median reported)")
     ap.add_argument("--gguf-dir", default=None, help="folder with <model-folder-name>-<dtype>.gguf for llama.cpp")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for ours, HF and upstream SGLang (default: their own default, all "
+                         "cores; vLLM-CPU keeps its own binding: one core)")
     ap.add_argument("--no-roofline", action="store_true", help="skip the ceiling measurement (~10 s)")
     args = ap.parse_args()
 
