@@ -236,8 +236,8 @@ class MiniLoadBalancer:
                 for t in tasks:
                     if not t.done():
                         t.cancel()
-                for resp in done_resps.values():
-                    resp.close()
+                    elif not t.cancelled() and t.exception() is None:
+                        t.result().close()  # closing the connection is what makes the server abort
         if failure is not None:
             logger.warning("Request to %s failed: status %s", endpoint, failure.status_code)
             return None, failure
