@@ -146,7 +146,8 @@ def test_openai_chat_and_completions_match_plain(cluster):
     got = pd.completions.create(model="m", prompt=PROMPTS[1], max_tokens=10, temperature=0)
     assert got.choices[0].text == want.choices[0].text
     chunks = list(pd.chat.completions.create(model="m", messages=msgs, max_tokens=10, temperature=0, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_chat.choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == want_chat.choices[0].message.content
 
 
 def _logprob_values(entries):
