@@ -126,10 +126,11 @@ def test_small_host_pool_aborts_with_500_and_leaks_nothing(model_dir):
 
 
 def test_aborting_retracted_requests_frees_backups(model_dir):
-    sched = decode_scheduler(model_dir, "host_pool", max_total_tokens=200)
+    # 4 x 28 prompt tokens in a 128-token pool: the first retraction comes after a few decode steps.
+    sched = decode_scheduler(model_dir, "host_pool", max_total_tokens=128)
     host = sched.retraction_store.host_pool
     for cycle in range(50):
-        reqs = [submit(sched, f"c{cycle}_{i}", p, 60) for i, p in enumerate(prompts(4, 30, seed=cycle))]
+        reqs = [submit(sched, f"c{cycle}_{i}", p, 60) for i, p in enumerate(prompts(4, 28, seed=cycle))]
         for _ in range(200):
             sched.step()
             if sched.decode_queues.retracted_queue:
