@@ -6,15 +6,10 @@ path. Outputs must equal an unpressured run (HF greedy), with zero recomputed pr
 
 import pytest
 
-from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.host_pool import decode_retraction_hicache_ratio
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test.scheduler_utils import assert_no_leak, make_scheduler, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model
-
-import random
 
 
 @pytest.fixture(scope="module")
@@ -28,50 +23,29 @@ def hf_model(model_dir):
 
 
 def decode_scheduler(model_dir, backup, max_total_tokens=320, page_size=1, **kw):
-    args = dict(model_path=model_dir, dtype="float32", max_total_tokens=max_total_tokens, page_size=page_size,
-                chunked_prefill_size=64, disaggregation_mode="decode", disaggregation_transfer_backend="fake",
+    args = dict(max_total_tokens=max_total_tokens, page_size=page_size, chunked_prefill_size=64, disaggregation_mode="decode", disaggregation_transfer_backend="fake",
                 num_reserved_decode_tokens=8, max_running_requests=16)
     if backup is not None:
         args["disaggregation_decode_retraction_backup"] = backup
     args.update(kw)
-    return Scheduler(ServerArgs(**args))
+    return make_scheduler(model_dir, **args)
 
 
-def submit(sched, rid, ids, n):
-    sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-    sp.normalize(None)
-    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp))
 
 
-def run(sched, max_steps=5000):
-    for _ in range(max_steps):
-        if not sched.has_work():
-            return
-        sched.step()
-    raise AssertionError("did not finish")
 
 
-def prompts(n, length, seed):
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 49000) for _ in range(length)] for _ in range(n)]
 
 
-def assert_no_leak(sched):
-    assert sched.allocator.available_size() + sched.tree_cache.evictable_size() == sched.init_free_kv
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
-    store = sched.retraction_store
-    assert store.num_live == 0
-    if store.host_pool is not None:
-        assert store.host_pool.available_size() == store.host_pool.size
 
 
 @pytest.mark.parametrize("backup,page_size", [("host_pool", 1), ("host_pool", 16), ("cpu_tensor", 1), ("cpu_tensor", 16)])
 def test_retracted_requests_resume_without_recompute(model_dir, hf_model, backup, page_size):
     sched = decode_scheduler(model_dir, backup, page_size=page_size)
     assert sched.server_args.disaggregation_decode_retraction_backup == backup
-    ps = prompts(8, 40, seed=21)
+    ps = random_prompts([40] * 8, seed=21)
     reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(ps)]
-    run(sched)
+    run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
     assert sched.num_recomputed_tokens == 0
     for r, p in zip(reqs, ps):
@@ -103,8 +77,8 @@ def test_backup_only_ratio_vectors():
 
 def test_none_backup_aborts_with_503(model_dir):
     sched = decode_scheduler(model_dir, "none")
-    reqs = [submit(sched, f"n{i}", p, 40) for i, p in enumerate(prompts(8, 40, seed=22))]
-    run(sched)
+    reqs = [submit(sched, f"n{i}", p, 40) for i, p in enumerate(random_prompts([40] * 8, seed=22))]
+    run_to_completion(sched)
     aborted = [r for r in reqs if r.finished_reason.to_json()["type"] == "abort"]
     assert aborted
     for r in aborted:
@@ -115,8 +89,8 @@ def test_none_backup_aborts_with_503(model_dir):
 
 def test_small_host_pool_aborts_with_500_and_leaks_nothing(model_dir):
     sched = decode_scheduler(model_dir, "host_pool", hicache_ratio=0.1)  # 32 host slots < one request's KV
-    reqs = [submit(sched, f"h{i}", p, 40) for i, p in enumerate(prompts(8, 40, seed=23))]
-    run(sched)
+    reqs = [submit(sched, f"h{i}", p, 40) for i, p in enumerate(random_prompts([40] * 8, seed=23))]
+    run_to_completion(sched)
     aborted = [r for r in reqs if r.finished_reason.to_json()["type"] == "abort"]
     assert aborted
     for r in aborted:
@@ -130,14 +104,14 @@ def test_aborting_retracted_requests_frees_backups(model_dir):
     sched = decode_scheduler(model_dir, "host_pool", max_total_tokens=128)
     host = sched.retraction_store.host_pool
     for cycle in range(50):
-        reqs = [submit(sched, f"c{cycle}_{i}", p, 60) for i, p in enumerate(prompts(4, 28, seed=cycle))]
+        reqs = [submit(sched, f"c{cycle}_{i}", p, 60) for i, p in enumerate(random_prompts([28] * 4, seed=cycle))]
         for _ in range(200):
             sched.step()
             if sched.decode_queues.retracted_queue:
                 break
         assert sched.decode_queues.retracted_queue, "no retraction happened"
         sched.abort_request(abort_all=True)
-        run(sched)
+        run_to_completion(sched)
         assert all(r.finished() for r in reqs)
         assert host.available_size() == host.size
     assert_no_leak(sched)

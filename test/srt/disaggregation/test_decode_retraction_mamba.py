@@ -6,7 +6,6 @@ prefill stands in for the transfer). Host-pool retraction is refused for these m
 Then a prefill and a decode scheduler in one process exchange KV + Mamba state over the real
 Mooncake engine (TCP): HF's greedy tokens; a decode peer with other slot sizes is refused."""
 
-import random
 
 import pytest
 
@@ -16,6 +15,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test.scheduler_utils import make_scheduler, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model
 
 SEED_MESSAGE = "Host-pool retraction does not support Mamba models."
@@ -28,32 +28,20 @@ def arch_models(request, tmp_path_factory):
 
 
 def decode_scheduler(model_dir, backup, **kw):
-    args = dict(model_path=model_dir, dtype="float32", max_total_tokens=260, page_size=1, chunked_prefill_size=64,
-                disaggregation_mode="decode", disaggregation_transfer_backend="fake", num_reserved_decode_tokens=8,
+    args = dict(max_total_tokens=260, page_size=1, chunked_prefill_size=64, disaggregation_mode="decode", disaggregation_transfer_backend="fake", num_reserved_decode_tokens=8,
                 max_running_requests=8)
     if backup is not None:
         args["disaggregation_decode_retraction_backup"] = backup
     args.update(kw)
-    return Scheduler(ServerArgs(**args))
+    return make_scheduler(model_dir, **args)
 
 
-def submit(sched, rid, ids, n):
-    sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-    sp.normalize(None)
-    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp))
 
 
-def run(sched, max_steps=5000):
-    for _ in range(max_steps):
-        if not sched.has_work():
-            return
-        sched.step()
-    raise AssertionError("did not finish")
 
 
 def prompts(n, length, seed):
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 1000) for _ in range(length)] for _ in range(n)]
+    return random_prompts([length] * n, seed, vocab_hi=1000)
 
 
 @pytest.mark.parametrize("backup", [None, "cpu_tensor"])
@@ -63,7 +51,7 @@ def test_cpu_tensor_retraction_restores_kv_and_mamba_state(arch_models, backup):
     assert sched.server_args.disaggregation_decode_retraction_backup == "cpu_tensor"  # auto rule too
     ps = prompts(6, 30, seed=21)
     reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(ps)]
-    run(sched)
+    run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
     assert sched.num_recomputed_tokens == 0
     for r, p in zip(reqs, ps):

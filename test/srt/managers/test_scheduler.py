@@ -2,19 +2,12 @@
 prefix cache and retraction must all give exactly HF transformers' greedy tokens, and leave
 no KV slot behind."""
 
-import random
-
 import pytest
-import torch
 
-from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test import scheduler_utils
+from sglang.test.scheduler_utils import assert_no_leak, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model
-
-MAX_STEPS = 5000
 
 
 @pytest.fixture(scope="module")
@@ -28,46 +21,24 @@ def hf_model(model_dir):
 
 
 def make_scheduler(model_dir, **kw):
-    args = dict(model_path=model_dir, dtype="float32", max_total_tokens=8192, chunked_prefill_size=32,
-                page_size=1, max_running_requests=64, skip_server_warmup=True)
+    args = dict(max_total_tokens=8192, chunked_prefill_size=32, page_size=1, max_running_requests=64)
     args.update(kw)
-    return Scheduler(ServerArgs(**args))
+    return scheduler_utils.make_scheduler(model_dir, **args)
 
 
-def submit(sched, rid, ids, max_new_tokens, **sp):
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **sp)
-    params.normalize(None)
-    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=params))
 
 
-def run_to_completion(sched):
-    for _ in range(MAX_STEPS):
-        if not sched.has_work():
-            return
-        sched.step()
-    raise AssertionError("scheduler did not finish within the step bound")
 
 
-def assert_no_leak(sched):
-    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
-
-    assert sched.tree_cache.protected_size() == 0  # no request holds a lock any more
-    sched.tree_cache.evict(EvictParams(num_tokens=sched.init_free_kv))
-    assert sched.tree_cache.evictable_size() == 0
-    assert sched.allocator.available_size() == sched.init_free_kv
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
 
 
-def random_prompts(n, lengths, seed=0, vocab=49152):
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(lengths[i])] for i in range(n)]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_batch_matches_hf_with_chunked_prefill(model_dir, hf_model, page_size):
     sched = make_scheduler(model_dir, page_size=page_size, chunked_prefill_size=32)
     lengths = [1 + (i * 299) // 15 for i in range(16)]  # 1 .. 300
-    prompts = random_prompts(16, lengths, seed=page_size)
+    prompts = random_prompts(lengths, seed=page_size)
     reqs = [submit(sched, f"r{i}", p, 6) for i, p in enumerate(prompts)]
     run_to_completion(sched)
     for req, p in zip(reqs, prompts):
@@ -78,9 +49,9 @@ def test_batch_matches_hf_with_chunked_prefill(model_dir, hf_model, page_size):
 
 def test_shared_prefix_is_cached(model_dir, hf_model):
     sched = make_scheduler(model_dir, page_size=16)
-    prefix = random_prompts(1, [200], seed=7)[0]
-    a = prefix + random_prompts(1, [20], seed=8)[0]
-    b = prefix + random_prompts(1, [15], seed=9)[0]
+    prefix = random_prompts([200], seed=7)[0]
+    a = prefix + random_prompts([20], seed=8)[0]
+    b = prefix + random_prompts([15], seed=9)[0]
     ra = submit(sched, "a", a, 4)
     run_to_completion(sched)
     rb = submit(sched, "b", b, 4)
@@ -95,7 +66,7 @@ def test_shared_prefix_is_cached(model_dir, hf_model):
 def test_retraction_keeps_outputs_identical(model_dir, hf_model, page_size):
     # 8 requests x (40 prompt + 40 output) tokens do not fit into 320 KV slots at once.
     sched = make_scheduler(model_dir, page_size=page_size, max_total_tokens=320, chunked_prefill_size=64)
-    prompts = random_prompts(8, [40] * 8, seed=11)
+    prompts = random_prompts([40] * 8, seed=11)
     reqs = [submit(sched, f"q{i}", p, 40) for i, p in enumerate(prompts)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
@@ -106,17 +77,17 @@ def test_retraction_keeps_outputs_identical(model_dir, hf_model, page_size):
 
 def test_request_that_cannot_fit_is_aborted_and_server_goes_on(model_dir, hf_model):
     sched = make_scheduler(model_dir, max_total_tokens=64, chunked_prefill_size=32)
-    too_long = submit(sched, "long", random_prompts(1, [100], seed=3)[0], 4)
+    too_long = submit(sched, "long", random_prompts([100], seed=3)[0], 4)
     assert too_long.finished_reason.to_json()["type"] == "abort"
     assert too_long.finished_reason.status_code == 400
-    grows = submit(sched, "grow", random_prompts(1, [30], seed=4)[0], 100)
+    grows = submit(sched, "grow", random_prompts([30], seed=4)[0], 100)
     run_to_completion(sched)
     reason = grows.finished_reason.to_json()
     assert reason["type"] == "abort"
     assert reason["message"] == (
         "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
     )
-    ok_prompt = random_prompts(1, [10], seed=5)[0]
+    ok_prompt = random_prompts([10], seed=5)[0]
     ok = submit(sched, "ok", ok_prompt, 5)
     run_to_completion(sched)
     assert ok.output_ids == hf_greedy(hf_model, ok_prompt, 5)
@@ -125,7 +96,7 @@ def test_request_that_cannot_fit_is_aborted_and_server_goes_on(model_dir, hf_mod
 
 def test_abort_waiting_and_running(model_dir):
     sched = make_scheduler(model_dir)
-    prompts = random_prompts(3, [20, 20, 20], seed=6)
+    prompts = random_prompts([20, 20, 20], seed=6)
     r0 = submit(sched, "x0", prompts[0], 50)
     sched.step()  # x0 prefilled and running
     r1 = submit(sched, "x1", prompts[1], 50)
@@ -145,8 +116,8 @@ def test_hybrid_swa_model_matches_hf_under_pressure(tmp_path_factory, page_size)
     hf = load_hf_model(d)
     sched = make_scheduler(d, page_size=page_size, max_total_tokens=288, chunked_prefill_size=48)
     assert sched.model_runner.is_hybrid_swa
-    prefix = random_prompts(1, [64], seed=30)[0]
-    prompts = [prefix + p for p in random_prompts(6, [20] * 6, seed=31)]
+    prefix = random_prompts([64], seed=30)[0]
+    prompts = [prefix + p for p in random_prompts([20] * 6, seed=31)]
     reqs = [submit(sched, f"s{i}", p, 30) for i, p in enumerate(prompts)]
     run_to_completion(sched)
     for req, p in zip(reqs, prompts):

@@ -3,17 +3,15 @@ a MambaPool slot, the radix cache keeps Mamba states at node ends (MAMBA compone
 prefill carries the state across chunks, retraction recomputes. Greedy tokens must equal HF
 transformers', and after everything no KV, request-row or Mamba slot may be left behind."""
 
-import random
 
 import pytest
 
-from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-from sglang.srt.mem_cache.unified_radix_cache import EvictParams
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
+from sglang.test import scheduler_utils
+from sglang.test.scheduler_utils import assert_no_leak, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model
 
 MAX_STEPS = 5000
@@ -27,41 +25,20 @@ def arch_models(request, tmp_path_factory):
 
 
 def make_scheduler(model_dir, **kw):
-    args = dict(model_path=model_dir, dtype="float32", max_total_tokens=4096, chunked_prefill_size=16,
-                page_size=1, max_running_requests=8, max_mamba_cache_size=48, skip_server_warmup=True)
+    args = dict(max_total_tokens=4096, chunked_prefill_size=16, page_size=1, max_running_requests=8,
+                max_mamba_cache_size=48)
     args.update(kw)
-    return Scheduler(ServerArgs(**args))
+    return scheduler_utils.make_scheduler(model_dir, **args)
 
 
-def submit(sched, rid, ids, n):
-    sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-    sp.normalize(None)
-    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp))
 
 
-def run(sched):
-    for _ in range(MAX_STEPS):
-        if not sched.has_work():
-            return
-        sched.step()
-    raise AssertionError("scheduler did not finish within the step bound")
 
 
 def prompts(lengths, seed):
-    rng = random.Random(seed)
-    return [[rng.randrange(10, VOCAB_HI) for _ in range(n)] for n in lengths]
+    return random_prompts(lengths, seed, VOCAB_HI)
 
 
-def assert_no_leak(sched):
-    cache = sched.tree_cache
-    assert cache.protected_size() == 0
-    assert cache.component_protected_size(ComponentType.MAMBA) == 0
-    cache.sanity_check()
-    cache.evict(EvictParams(num_tokens=sched.init_free_kv))
-    assert cache.evictable_size() == 0 and cache.component_evictable_size(ComponentType.MAMBA) == 0
-    assert sched.allocator.available_size() == sched.init_free_kv
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
-    assert sched.mamba_pool.available_size() == sched.mamba_pool.size
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -73,7 +50,7 @@ def test_mixed_batch_with_small_chunks_matches_hf(arch_models, page_size):
     assert ComponentType.MAMBA in sched.tree_cache.core.components
     ps = prompts([1, 7, 23, 40, 70, 33], seed=page_size)  # > SSD chunk (8) and > prefill chunk (16)
     reqs = [submit(sched, f"r{i}", p, 6) for i, p in enumerate(ps)]
-    run(sched)
+    run_to_completion(sched)
     for r, p in zip(reqs, ps):
         assert r.finished_reason.to_json() == {"type": "length", "length": 6}
         assert r.output_ids == hf_greedy(hf, p, 6), r.rid
@@ -85,19 +62,19 @@ def test_repeated_prompt_hits_cached_state(arch_models):
     sched = make_scheduler(d)
     p = prompts([45], seed=7)[0]
     first = submit(sched, "first", p, 5)
-    run(sched)
+    run_to_completion(sched)
     want = hf_greedy(hf, p, 5)
     assert first.output_ids == want and first.cached_tokens == 0
     # Same prompt: the state saved at the last prefill-chunk end (32 of 45 tokens) is copied in.
     again = submit(sched, "again", p, 5)
-    run(sched)
+    run_to_completion(sched)
     assert again.output_ids == want
     assert again.cached_tokens == 32
     # A follow-up turn (prompt + answer + more) resumes from the finished request's state.
     follow = p + want[:-1]
     follow2 = follow + prompts([6], seed=8)[0]
     turn = submit(sched, "turn", follow2, 4)
-    run(sched)
+    run_to_completion(sched)
     assert turn.output_ids == hf_greedy(hf, follow2, 4)
     assert turn.cached_tokens == len(follow)
     assert_no_leak(sched)
@@ -109,7 +86,7 @@ def test_retraction_recomputes_with_identical_outputs(arch_models):
     sched = make_scheduler(d, max_total_tokens=260, chunked_prefill_size=64)
     ps = prompts([30] * 6, seed=11)
     reqs = [submit(sched, f"q{i}", p, 40) for i, p in enumerate(ps)]
-    run(sched)
+    run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
     for r, p in zip(reqs, ps):
         assert r.output_ids == hf_greedy(hf, p, 40), r.rid
@@ -123,7 +100,7 @@ def test_mamba_slots_bound_admission_and_tree_states_are_evicted(arch_models):
     sched = make_scheduler(d, max_mamba_cache_size=4, max_running_requests=4)
     ps = prompts([20, 35, 9, 50, 18, 27], seed=13)
     reqs = [submit(sched, f"m{i}", p, 5) for i, p in enumerate(ps)]
-    run(sched)
+    run_to_completion(sched)
     for r, p in zip(reqs, ps):
         assert r.output_ids == hf_greedy(hf, p, 5), r.rid
     assert_no_leak(sched)
@@ -137,10 +114,10 @@ def test_tiny_mamba_pool_never_stalls(arch_models, slots):
     sched = make_scheduler(d, max_mamba_cache_size=slots, max_running_requests=1)
     base = prompts([20], seed=17)[0]
     first = submit(sched, "first", base, 4)
-    run(sched)
+    run_to_completion(sched)
     follow = base + first.output_ids[:-1] + prompts([5], seed=18)[0]
     turn = submit(sched, "turn", follow, 4)
-    run(sched)
+    run_to_completion(sched)
     assert first.output_ids == hf_greedy(hf, base, 4)
     assert turn.output_ids == hf_greedy(hf, follow, 4)
     assert turn.cached_tokens == (0 if slots == 1 else len(base) + 3)

@@ -1,0 +1,61 @@
+"""Driving a `Scheduler` in-process in tests: build it, submit greedy requests, run, check leaks."""
+
+from __future__ import annotations
+
+import random
+from typing import List, Sequence
+
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+MAX_STEPS = 5000
+
+
+def make_scheduler(model_dir: str, **server_args) -> Scheduler:
+    args = dict(model_path=model_dir, dtype="float32", skip_server_warmup=True)
+    args.update(server_args)
+    return Scheduler(ServerArgs(**args))
+
+
+def submit(sched: Scheduler, rid: str, ids: List[int], max_new_tokens: int, **sampling):
+    """A greedy request that never stops early (the HF reference runs the same number of tokens)."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **sampling)
+    params.normalize(None)
+    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=params))
+
+
+def run_to_completion(sched: Scheduler, max_steps: int = MAX_STEPS) -> None:
+    for _ in range(max_steps):
+        if not sched.has_work():
+            return
+        sched.step()
+    raise AssertionError("scheduler did not finish within the step bound")
+
+
+def random_prompts(lengths: Sequence[int], seed: int, vocab_hi: int = 49000) -> List[List[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab_hi) for _ in range(n)] for n in lengths]
+
+
+def assert_no_leak(sched: Scheduler) -> None:
+    """No request holds anything: after evicting the whole tree every pool is back to its size."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+    cache = sched.tree_cache
+    assert cache.protected_size() == 0
+    cache.evict(EvictParams(num_tokens=sched.init_free_kv, swa_num_tokens=sched.init_free_kv,
+                            mamba_num=sched.init_free_kv))
+    assert cache.evictable_size() == 0
+    assert sched.allocator.available_size() == sched.init_free_kv
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    if getattr(sched, "mamba_pool", None) is not None:
+        assert cache.component_protected_size(ComponentType.MAMBA) == 0
+        assert sched.mamba_pool.available_size() == sched.mamba_pool.size
+    store = sched.retraction_store
+    if store is not None:
+        assert store.num_live == 0
+        if store.host_pool is not None:
+            assert store.host_pool.available_size() == store.host_pool.size
