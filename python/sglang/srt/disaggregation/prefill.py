@@ -103,7 +103,7 @@ class PrefillQueues:
         if end > req.sent_kv_len:
             self._send(req, req.sent_kv_len, end, is_last=False)
 
-    def on_prefill_done(self, req: Req, sampler_logprob=None) -> None:
+    def on_prefill_done(self, req: Req) -> None:
         """The last chunk ran and the first token is sampled: send the rest and the metadata row."""
         lp = req.output_token_logprobs[-1][0] if req.output_token_logprobs else None
         tops = req.output_top_logprobs[-1] if req.output_top_logprobs else None

@@ -177,6 +177,22 @@ def build_sampling_params(req, max_new_tokens: Optional[int], defaults: Dict[str
 # ----------------------------------------------------------------------------- usage
 
 
+def passthrough_fields(req) -> Dict[str, Any]:
+    """GenerateReqInput fields that OpenAI requests carry unchanged (SGLang extensions, PD routing)."""
+    return dict(
+        stream=req.stream,
+        rid=req.rid,
+        priority=req.priority,
+        extra_key=req.extra_key,
+        cache_salt=req.cache_salt,
+        bootstrap_host=req.bootstrap_host,
+        bootstrap_port=req.bootstrap_port,
+        bootstrap_room=req.bootstrap_room,
+        bootstrap_pair_key=req.bootstrap_pair_key,
+        return_hidden_states=req.return_hidden_states,
+    )
+
+
 def usage_from_outputs(outputs: List[dict], n: int) -> UsageInfo:
     """Prompt tokens count once per prompt (every n-th output); completions count per choice."""
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outputs[::max(n, 1)])

@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     DeltaMessage,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
+    passthrough_fields,
     OpenAIServingBase,
     build_sampling_params,
     chat_logprobs,
@@ -96,16 +97,7 @@ class OpenAIServingChat(OpenAIServingBase):
             return_logprob=request.logprobs,
             top_logprobs_num=request.top_logprobs or 0,
             return_text_in_logprobs=True,
-            stream=request.stream,
-            rid=request.rid,
-            priority=request.priority,
-            extra_key=request.extra_key,
-            cache_salt=request.cache_salt,
-            bootstrap_host=request.bootstrap_host,
-            bootstrap_port=request.bootstrap_port,
-            bootstrap_room=request.bootstrap_room,
-            bootstrap_pair_key=request.bootstrap_pair_key,
-            return_hidden_states=request.return_hidden_states,
+            **passthrough_fields(request),
         )
 
     # --- whole response -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionStreamResponse,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
+    passthrough_fields,
     OpenAIServingBase,
     build_sampling_params,
     completion_logprobs,
@@ -52,16 +53,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             top_logprobs_num=request.logprobs or 0,
             logprob_start_len=0 if (want_logprobs and request.echo) else -1,
             return_text_in_logprobs=True,
-            stream=request.stream,
-            rid=request.rid,
-            priority=request.priority,
-            extra_key=request.extra_key,
-            cache_salt=request.cache_salt,
-            bootstrap_host=request.bootstrap_host,
-            bootstrap_port=request.bootstrap_port,
-            bootstrap_room=request.bootstrap_room,
-            bootstrap_pair_key=request.bootstrap_pair_key,
-            return_hidden_states=request.return_hidden_states,
+            **passthrough_fields(request),
         )
 
     # --- echo ---------------------------------------------------------------------------------
