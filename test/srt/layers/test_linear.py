@@ -33,3 +33,26 @@ def test_gate_up_and_silu_and_mul():
     layer.weight_loader(layer.weight, wu, 1)
     x = torch.randn(2, 3, generator=g)
     torch.testing.assert_close(SiluAndMul()(layer(x)), F.silu(x @ wg.T) * (x @ wu.T))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packed_weight_matches_f_linear():
+    from torch import nn
+
+    from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    g = torch.Generator().manual_seed(2)
+    model = nn.Module()
+    model.proj = ReplicatedLinear(64, 96, bias=True)
+    model.head = ParallelLMHead(200, 64)
+    model.norm_like = nn.LayerNorm(64)  # has a weight but no packed slot: left alone
+    for p in (model.proj.weight, model.proj.bias, model.head.weight):
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    assert pack_linear_weights(model) == 2
+    assert model.proj.packed_weight is not None and model.head.packed_weight is not None
+    for shape in [(1, 64), (17, 64), (3, 5, 64), (0, 64)]:
+        x = torch.randn(shape, generator=g)
+        out = model.proj(x)
+        assert out.shape == (*shape[:-1], 96)
+        torch.testing.assert_close(out, F.linear(x, model.proj.weight, model.proj.bias), rtol=1e-5, atol=1e-4)

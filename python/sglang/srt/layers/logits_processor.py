@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers.linear import linear
 
 
 @dataclass
@@ -41,7 +42,8 @@ class LogitsProcessor(nn.Module):
             self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = F.linear(hidden, lm_head.weight, getattr(lm_head, "bias", None)).float()
+        logits = linear(hidden, lm_head.weight, getattr(lm_head, "bias", None),
+                        getattr(lm_head, "packed_weight", None)).float()
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.final_logit_softcapping:

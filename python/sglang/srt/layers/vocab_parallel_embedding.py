@@ -25,6 +25,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Holds the [vocab, hidden] output projection; `LogitsProcessor` applies it."""
 
+    packed_weight = None  # set by linear.pack_linear_weights (CPU)
+
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False):
         super().__init__(num_embeddings, embedding_dim)
         self.bias = nn.Parameter(torch.empty(num_embeddings), requires_grad=False) if bias else None

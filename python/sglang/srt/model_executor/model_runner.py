@@ -20,6 +20,9 @@ KV pool size: `max_total_tokens` when given, else `mem_fraction_static` (default
 CPU_DEFAULT_MEM_FRACTION) x host memory available after loading the weights (psutil) divided by
 the KV bytes per token, on CPU at most `SGLANG_CPU_KV_CACHE_SPACE` GiB (default 2); rounded down to
 whole pages either way.
+
+On CPU the linear weights get oneDNN-packed copies after loading (`linear.pack_linear_weights`;
+`SGLANG_CPU_PACK_WEIGHTS=0` keeps plain `F.linear`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.linear import pack_linear_weights
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -126,6 +130,10 @@ class ModelRunner:
         logger.info(f"Load weight begin. avail mem={before / GB:.2f} GB")
         self.model = get_model(self.model_config, self.dtype, self.device, hf_config=self.hf_config,
                                show_progress=not self.options.disable_tqdm)
+        if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
+            packed = pack_linear_weights(self.model)
+            logger.info(f"oneDNN-packed {packed} linear weights" if packed else
+                        f"linear weights not packed (oneDNN cannot run {self.dtype} on this CPU): using F.linear")
         gc.collect()
         after = _available_memory_bytes(self.device)
         logger.info(
