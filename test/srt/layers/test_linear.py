@@ -56,3 +56,24 @@ def test_packed_weight_matches_f_linear():
         out = model.proj(x)
         assert out.shape == (*shape[:-1], 96)
         torch.testing.assert_close(out, F.linear(x, model.proj.weight, model.proj.bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packed_bf16_weight_keeps_bf16_semantics():
+    """bf16 layers stay bf16 in and out; on CPUs without native bf16 GEMMs the packed copy is
+    the exact fp32 upcast, so the result is the fp32-accumulated product rounded to bf16."""
+    from torch import nn
+
+    from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+
+    g = torch.Generator().manual_seed(3)
+    model = nn.Module()
+    model.proj = ReplicatedLinear(128, 64, bias=True).to(torch.bfloat16)
+    for p in (model.proj.weight, model.proj.bias):
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    assert pack_linear_weights(model) == 1
+    x = torch.randn(9, 128, generator=g).to(torch.bfloat16)
+    out = model.proj(x)
+    assert out.dtype == torch.bfloat16
+    exact = F.linear(x.double(), model.proj.weight.double(), model.proj.bias.double())
+    torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=2e-2)  # bf16 output rounding

@@ -9,6 +9,11 @@ On CPU, `pack_linear_weights(model)` gives every linear layer and the LM head a 
 copy of its weight (`packed_weight`), which oneDNN multiplies 1.3-2x faster than `F.linear` on
 the plain row-major weight at decode batch sizes (benchmark/RESULTS.md). The plain weight stays
 (tied embeddings, weight inspection); the copy costs the linear weights' size once more.
+
+bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch emulates
+them 4-7x slower than fp32): the packed copy is the weight upcast to fp32, and the activation is
+upcast per call. Both upcasts are exact, the kernel accumulates in fp32 and the result is rounded
+to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized copy of the weights.
 """
 
 from __future__ import annotations
@@ -86,15 +91,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            packed_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x @ weight.T + bias, through the oneDNN-packed copy of the weight when there is one."""
     if packed_weight is not None and x.numel():
-        return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+        if packed_weight.dtype == x.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+        # An fp32 copy of a bf16 weight (see the module docstring).
+        bias = None if bias is None else bias.float()
+        return torch.ops.mkldnn._linear_pointwise(x.float(), packed_weight, bias, "none", [], "").to(x.dtype)
     return F.linear(x, weight, bias)
 
 
 def pack_linear_weights(model: nn.Module) -> int:
     """Gives each module with a `packed_weight` slot a oneDNN-blocked copy of its 2-D weight.
 
-    Returns how many were packed: 0 when oneDNN is missing or cannot run this dtype on this CPU
-    (bf16 needs AVX-512 or AVX-NE-CONVERT), in which case the layers keep using `F.linear`.
+    Returns how many were packed (0 without oneDNN: the layers keep using `F.linear`). A bf16
+    weight that oneDNN cannot multiply natively on this CPU is packed as its fp32 upcast.
     """
     if not torch.backends.mkldnn.is_available():
         return 0
@@ -103,10 +112,13 @@ def pack_linear_weights(model: nn.Module) -> int:
         weight = getattr(module, "weight", None)
         if not hasattr(module, "packed_weight") or weight is None or weight.dim() != 2 or weight.device.type != "cpu":
             continue
+        weight = weight.detach()
         try:
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        except RuntimeError:
-            return count
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        except RuntimeError:  # bf16 without native support (AVX2): pack the exact fp32 upcast
+            if weight.dtype != torch.bfloat16:
+                return count
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
         count += 1
     return count
 

@@ -133,7 +133,7 @@ class ModelRunner:
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
             packed = pack_linear_weights(self.model)
             logger.info(f"oneDNN-packed {packed} linear weights" if packed else
-                        f"linear weights not packed (oneDNN cannot run {self.dtype} on this CPU): using F.linear")
+                        "linear weights not packed (torch without oneDNN): using F.linear")
         gc.collect()
         after = _available_memory_bytes(self.device)
         logger.info(
