@@ -81,3 +81,19 @@ def test_rope_config_formats():
     assert get_rope_config({"rope_parameters": {"rope_theta": 3.0, "rope_type": "default"}}) == (3.0, None)
     with pytest.raises(NotImplementedError, match="rope_type 'su'"):
         get_rope(HEAD, HEAD, 16, 10000.0, {"rope_type": "su"})
+
+
+def test_equal_settings_share_one_instance_and_cos_sin_per_positions():
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    a = get_rope(16, 16, 128, 10000.0)
+    assert get_rope(16, 16, 128, 10000.0) is a
+    assert get_rope(16, 16, 128, 500000.0) is not a
+    pos = torch.tensor([0, 5, 9])
+    q, k = torch.randn(3, 32), torch.randn(3, 16)
+    first = a(pos, q, k)
+    # A new positions tensor with other values must not reuse the previous rows.
+    pos2 = torch.tensor([1, 2, 3])
+    fresh = get_rope(16, 16, 128, 500000.0).__class__(16, 16, 128, 10000.0)
+    torch.testing.assert_close(a(pos2, q, k)[0], fresh(pos2, q, k)[0])
+    torch.testing.assert_close(a(pos, q, k)[0], first[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -19,11 +20,13 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        orig_dtype = x.dtype
-        x = x.to(torch.float32)
-        variance = x.pow(2).mean(-1, keepdim=True)
-        x = x * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * x.to(orig_dtype)
+        # torch's fused rms_norm does HF's arithmetic (x * rsqrt(mean(x^2) + eps)) in one call;
+        # for low-precision inputs HF rounds before applying the weight, so the weight is applied
+        # after the cast back.
+        shape = (x.shape[-1],)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, shape, self.weight, self.variance_epsilon)
+        return self.weight * F.rms_norm(x.float(), shape, None, self.variance_epsilon).to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None

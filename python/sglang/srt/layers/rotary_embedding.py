@@ -93,6 +93,7 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        self._last = None  # (positions tensor, dtype, (cos, sin)) of the latest call
 
     def _dynamic_freqs(self, t: torch.Tensor, scaling: Dict[str, Any], orig_max: int) -> torch.Tensor:
         factor = float(scaling["factor"])
@@ -107,6 +108,20 @@ class RotaryEmbedding(nn.Module):
             freqs[long] = t[long][:, None] * inv
         return freqs
 
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin rows of `positions` ([T, 1, rotary_dim]); one instance serves every layer
+        (see get_rope), so the rows are gathered once per forward and reused."""
+        if self._last is not None and self._last[0] is positions and self._last[1] == dtype:
+            return self._last[2]
+        if positions.numel() and int(positions.max()) >= self.cos_cached.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds the rotary table ({self.cos_cached.shape[0]} positions)"
+            )
+        cos = self.cos_cached.index_select(0, positions).to(dtype)[:, None, :]
+        sin = self.sin_cached.index_select(0, positions).to(dtype)[:, None, :]
+        self._last = (positions, dtype, (cos, sin))
+        return cos, sin
+
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -114,12 +129,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """query: [T, n_q * head_size], key: [T, n_kv * head_size] -> rotated, same shapes."""
-        if positions.numel() and int(positions.max()) >= self.cos_cached.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds the rotary table ({self.cos_cached.shape[0]} positions)"
-            )
-        cos = self.cos_cached.index_select(0, positions).to(query.dtype)[:, None, :]
-        sin = self.sin_cached.index_select(0, positions).to(query.dtype)[:, None, :]
+        cos, sin = self._cos_sin(positions, query.dtype)
         T = positions.shape[0]
         q = query.view(T, -1, self.head_size)
         k = key.view(T, -1, self.head_size)
@@ -133,8 +143,22 @@ class RotaryEmbedding(nn.Module):
         return q_out.reshape(query.shape), k_out.reshape(key.shape)
 
 
+_ROPE_CACHE: Dict[str, RotaryEmbedding] = {}
+
+
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
              rope_scaling: Optional[Dict[str, Any]] = None) -> RotaryEmbedding:
+    """The rotary embedding for these settings; equal settings share one instance (one table,
+    and cos/sin gathered once per forward for all layers)."""
+    key = repr((head_size, rotary_dim, max_position, base, sorted((rope_scaling or {}).items()),
+                str(torch.get_default_device())))
+    if key not in _ROPE_CACHE:
+        _ROPE_CACHE[key] = _new_rope(head_size, rotary_dim, max_position, base, rope_scaling)
+    return _ROPE_CACHE[key]
+
+
+def _new_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
+              rope_scaling: Optional[Dict[str, Any]]) -> RotaryEmbedding:
     original = None
     if rope_scaling:
         original = rope_scaling.get("original_max_position_embeddings")

@@ -8,7 +8,8 @@ only keys with position > query position - W, and only those keys are gathered.
 
 Decode: one query per request, batched: each request's visible KV slots (the whole sequence,
 or its last W positions for a sliding-window layer) are padded to the longest of the batch
-(padding points at slot 0, the pool's padding page) and masked out.
+(padding points at slot 0, the pool's padding page) and masked out (no mask when no request
+needs padding).
 
 Pools: a plain `MHATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
 in a separate pool addressed by translated slots (`pool.translate_loc_from_full_to_swa`);
@@ -64,7 +65,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             idx = torch.where(valid, req_to_token[rows, pos], torch.zeros_like(pos))
             if translate:
                 idx = pool.translate_loc_from_full_to_swa(idx)
-            self._decode_cache[key] = (idx, valid, length - 1)
+            mask = None if bool(valid.all()) else valid[:, None, None, :]  # no padding: no mask
+            self._decode_cache[key] = (idx, mask, length - 1)
         return self._decode_cache[key]
 
     # ---- extend -------------------------------------------------------------------------
@@ -113,7 +115,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         translate = _is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         B = q.shape[0]
-        idx, valid, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
+        idx, mask, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
         keys = k_buf[idx].to(q.dtype)  # [B, L, hkv, d]
         vals = v_buf[idx].to(q.dtype)
         if not save_kv_cache:  # the new token's K/V are not in the pool: put them in place
@@ -121,12 +123,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             keys[b, last] = k.view(B, hkv, layer.qk_head_dim).to(q.dtype)
             vals[b, last] = v.view(B, hkv, layer.v_head_dim).to(q.dtype)
         qh = q.view(B, hq, 1, layer.qk_head_dim)
-        o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), valid[:, None, None, :], layer)
+        o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), mask, layer)
         return o.reshape(B, hq * layer.v_head_dim)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer) -> torch.Tensor:
-    """q [N, hq, Lq, d], k/v [N, hkv, Lk, d], boolean mask broadcastable to [N, hq, Lq, Lk]."""
+    """q [N, hq, Lq, d], k/v [N, hkv, Lk, d], boolean mask broadcastable to [N, hq, Lq, Lk] or None."""
     hq, hkv = q.shape[1], k.shape[1]
     if layer.logit_cap and layer.logit_cap > 0:
         if hq != hkv:
@@ -134,6 +136,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
             v = v.repeat_interleave(hq // hkv, dim=1)
         scores = torch.matmul(q, k.transpose(-1, -2)) * layer.scaling
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
         return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scaling, enable_gqa=hq != hkv)
