@@ -93,8 +93,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             pre_idx = self._seq_kv_indices[i][kv_lo:prefix]
             if translate:
                 pre_idx = pool.translate_loc_from_full_to_swa(pre_idx)
-            keys = torch.cat((k_buf[pre_idx].to(q.dtype), kh[start : start + n]), dim=0)
-            vals = torch.cat((v_buf[pre_idx].to(q.dtype), vh[start : start + n]), dim=0)
+            keys = torch.cat((_gather(k_buf, pre_idx).to(q.dtype), kh[start : start + n]), dim=0)
+            vals = torch.cat((_gather(v_buf, pre_idx).to(q.dtype), vh[start : start + n]), dim=0)
             q_pos = torch.arange(prefix, prefix + n, device=q.device)
             k_pos = torch.arange(kv_lo, prefix + n, device=q.device)
             mask = k_pos[None, :] <= q_pos[:, None]
@@ -116,8 +116,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         B = q.shape[0]
         idx, mask, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
-        keys = k_buf[idx].to(q.dtype)  # [B, L, hkv, d]
-        vals = v_buf[idx].to(q.dtype)
+        keys = _gather(k_buf, idx).to(q.dtype)  # [B, L, hkv, d]
+        vals = _gather(v_buf, idx).to(q.dtype)
         if not save_kv_cache:  # the new token's K/V are not in the pool: put them in place
             b = torch.arange(B, device=idx.device)
             keys[b, last] = k.view(B, hkv, layer.qk_head_dim).to(q.dtype)
@@ -125,6 +125,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         qh = q.view(B, hq, 1, layer.qk_head_dim)
         o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), mask, layer)
         return o.reshape(B, hq * layer.v_head_dim)
+
+
+def _gather(buf: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """buf[idx] for an index tensor of any shape: index_select on the flat index is the same
+    gather, ~5x faster than advanced indexing on CPU."""
+    return buf.index_select(0, idx.reshape(-1)).view(*idx.shape, *buf.shape[1:])
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer) -> torch.Tensor:
