@@ -88,6 +88,11 @@ class TorchNativeAttnBackend(AttentionBackend):
                                                    forward_batch.extend_prefix_lens_cpu)):
             if n == 0:
                 continue
+            if prefix == 0 and window <= 0 and not layer.logit_cap:  # plain causal: no gather, no mask
+                q_i, k_i, v_i = (t[start : start + n].transpose(0, 1).unsqueeze(0) for t in (qh, kh, vh))
+                out[start : start + n] = F.scaled_dot_product_attention(
+                    q_i, k_i, v_i, is_causal=True, scale=layer.scaling, enable_gqa=hq != hkv)[0].transpose(0, 1)
+                continue
             # Keys visible to any query of this request: [kv_lo, prefix + n).
             kv_lo = min(max(0, prefix + 1 - window), prefix) if window > 0 else 0
             pre_idx = self._seq_kv_indices[i][kv_lo:prefix]
