@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -193,6 +194,24 @@ def peer_python(peer: str) -> Optional[str]:
     return None
 
 
+def signal_tree(pid: int, sig) -> None:
+    """Sends `sig` to a process and all its descendants. Engines waiting their turn are frozen
+    with SIGSTOP (and thawed with SIGCONT): some spin while idle (upstream SGLang's CPU scheduler
+    loop takes a full core), which would slow whichever engine is being measured."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
 class Worker:
     """A loaded engine in a subprocess (peers/worker.py); `run()` sends one workload."""
 
@@ -254,7 +273,14 @@ class Worker:
     def peak_rss_mib(self) -> float:
         return tree_peak_rss_mib(self.proc.pid)
 
+    def pause(self) -> None:
+        signal_tree(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        signal_tree(self.proc.pid, signal.SIGCONT)
+
     def close(self) -> None:
+        self.resume()
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"quit": True}) + "\n")

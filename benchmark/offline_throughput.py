@@ -2,7 +2,8 @@
 
 Each engine runs as a subprocess in its own venv (peers/worker.py), loaded once per (model, dtype);
 every workload is then run by each engine in turn, repetition after repetition, so that a noisy
-neighbour hits all of them alike. Prompts are fixed-seed random token ids (a new seed per
+neighbour hits all of them alike. The engines not running are frozen (SIGSTOP) meanwhile: an idle
+engine may spin (upstream SGLang's CPU scheduler loop takes a full core while idle). Prompts are fixed-seed random token ids (a new seed per
 repetition, the same for every engine, so that no prefix cache helps); decoding is greedy with
 EOS ignored, so every engine produces exactly batch x output tokens.
 
@@ -80,9 +81,11 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
             w.close()
         print(f"SKIP config {model}:{dtype}: our engine did not start", flush=True)
         return []
-    # Warm-up: first calls pay one-time costs (lazy init, torch.compile, allocator growth).
+    # Warm-up: first calls pay one-time costs (lazy init, torch.compile, allocator growth). Then
+    # every engine waits frozen (Worker.pause) while another one runs.
     for w in workers:
         w.run(synthetic_prompts(2, 16, vocab, seed=999), 4)
+        w.pause()
     results: Dict[tuple, Dict[str, List[float]]] = {}
     bar = progress(len(workloads) * args.reps * len(workers), f"{model}:{dtype}")
     for wl in workloads:
@@ -92,8 +95,10 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
             order = workers if rep % 2 == 0 else workers[::-1]  # alternate who goes first
             for w in order:
                 r = results.setdefault((wl["name"], w.backend), {"tps": [], "ttft": []})
+                w.resume()
                 ttft = w.run(ttft_prompts, 1)
                 out = w.run(prompts, wl["output_len"])
+                w.pause()
                 expected = wl["batch"] * wl["output_len"]
                 if out["output_tokens"] != expected:
                     print(f"note: {w.name} produced {out['output_tokens']} tokens, expected {expected}", flush=True)

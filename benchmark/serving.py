@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from typing import List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (PEER_NAMES, cache_dir, machine_line, model_config, our_python, peer_python,  # noqa: E402
-                    print_table, progress, resolve_model, synthetic_prompts, tree_peak_rss_mib)
+                    print_table, progress, resolve_model, signal_tree, synthetic_prompts, tree_peak_rss_mib)
 
 
 # ---- client ----------------------------------------------------------------------------------
@@ -230,16 +231,22 @@ def main():
 
     results = {name: [] for name, *_ in live}
     try:
-        for name, url, model, _ in live:  # warm-up
+        for name, url, model, s in live:  # warm-up; then each launched server waits its turn frozen
             asyncio.run(run_workload(url, model, synthetic_prompts(2, 8, vocab, 3), [4, 4], float("inf"), None, 0))
+            if s is not None:
+                signal_tree(s.proc.pid, signal.SIGSTOP)
         bar = progress(args.rounds * len(live) * args.num_prompts, "serving")
         for rnd in range(args.rounds):
             prompts = [synthetic_prompts(1, n, vocab, seed=args.seed * 1000 + rnd * 100 + i)[0]
                        for i, n in enumerate(in_lens)]
             order = live if rnd % 2 == 0 else live[::-1]
-            for name, url, model, _ in order:
+            for name, url, model, s in order:
+                if s is not None:
+                    signal_tree(s.proc.pid, signal.SIGCONT)
                 r = asyncio.run(run_workload(url, model, prompts, out_lens, args.request_rate, args.max_concurrency,
                                              args.seed + rnd, bar))
+                if s is not None:
+                    signal_tree(s.proc.pid, signal.SIGSTOP)
                 for e in r["errors"][:3]:
                     print(f"{name}: request failed: {e}", flush=True)
                 results[name].append(r)
@@ -248,6 +255,7 @@ def main():
     finally:
         for *_, s in live:
             if s is not None:
+                signal_tree(s.proc.pid, signal.SIGCONT)
                 s.close()
 
     rows = []
