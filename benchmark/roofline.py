@@ -79,12 +79,16 @@ def model_shape(cfg: dict) -> dict:
 def decode_ceiling(shape: dict, rates: dict, dtype: str, batch: int, ctx: int) -> dict:
     """Upper bounds for decode tokens/s at `batch` sequences of `ctx` tokens: from bandwidth
     (weights once per step + each sequence's KV) and from compute (2 FLOPs per weight per token
-    plus attention), and the lower (binding) one."""
+    plus attention), and the lower (binding) one. A bf16 model's compute bound uses the faster of the
+    two GEMM rates: bf16 operands are exact in fp32, so its GEMMs may run on fp32 kernels (ours do
+    on CPUs without native bf16), while its weights stream at 2 bytes each."""
     esize = 2 if dtype in ("bfloat16", "float16") else 4
     step_bytes = shape["linear_params"] * esize + batch * ctx * shape["kv_per_token_elems"] * esize
     bw_tps = batch / (step_bytes / (rates["copy_gbps"] * 1e9))
     flops_per_tok = 2 * shape["linear_params"] + 4 * shape["layers"] * ctx * shape["q_heads"] * shape["head_dim"]
-    gemm = rates["gemm_gflops_bfloat16" if esize == 2 else "gemm_gflops_float32"] * 1e9
+    gemm = rates["gemm_gflops_float32"] * 1e9
+    if esize == 2:
+        gemm = max(gemm, rates["gemm_gflops_bfloat16"] * 1e9)
     compute_tps = gemm / flops_per_tok
     return {"bandwidth_tps": bw_tps, "compute_tps": compute_tps, "ceiling_tps": min(bw_tps, compute_tps)}
 

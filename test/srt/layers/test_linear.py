@@ -77,3 +77,5 @@ def test_packed_bf16_weight_keeps_bf16_semantics():
     assert out.dtype == torch.bfloat16
     exact = F.linear(x.double(), model.proj.weight.double(), model.proj.bias.double())
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=2e-2)  # bf16 output rounding
+    one = model.proj(x[:1])  # single row: torch's bf16 GEMV, same semantics
+    torch.testing.assert_close(one.double(), exact[:1], rtol=1e-2, atol=2e-2)
