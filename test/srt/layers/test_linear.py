@@ -79,3 +79,21 @@ def test_packed_bf16_weight_keeps_bf16_semantics():
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=2e-2)  # bf16 output rounding
     one = model.proj(x[:1])  # single row: torch's bf16 GEMV, same semantics
     torch.testing.assert_close(one.double(), exact[:1], rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packing_skipped_when_copies_exceed_the_memory_budget():
+    from torch import nn
+
+    from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+
+    model = nn.Module()
+    model.a, model.b = ReplicatedLinear(32, 32), ReplicatedLinear(32, 32)
+    for p in (model.a.weight, model.b.weight):
+        p.data.normal_()
+    need = 2 * 32 * 32 * 4
+    assert pack_linear_weights(model, max_bytes=need - 1) == 0
+    assert model.a.packed_weight is None and model.b.packed_weight is None
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(model.a(x), F.linear(x, model.a.weight))
+    assert pack_linear_weights(model, max_bytes=need) == 2

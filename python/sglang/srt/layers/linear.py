@@ -8,7 +8,8 @@ Single-device only: these are the tensor-parallel-free versions of upstream's la
 On CPU, `pack_linear_weights(model)` gives every linear layer and the LM head a oneDNN-blocked
 copy of its weight (`packed_weight`), which oneDNN multiplies 1.3-2x faster than `F.linear` on
 the plain row-major weight at decode batch sizes (benchmark/RESULTS.md). The plain weight stays
-(tied embeddings, weight inspection); the copy costs the linear weights' size once more.
+(tied embeddings, weight inspection); the copy costs the linear weights' size once more, so the
+model runner skips packing when the copies would take over half of the available memory.
 
 bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch emulates
 them 4-7x slower than fp32): the packed copy is the weight upcast to fp32, and the activation is
@@ -102,20 +103,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return F.linear(x, weight, bias)
 
 
-def pack_linear_weights(model: nn.Module) -> int:
+def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
     """Gives each module with a `packed_weight` slot a oneDNN-blocked copy of its 2-D weight.
 
-    Returns how many were packed (0 without oneDNN: the layers keep using `F.linear`). A bf16
-    weight that oneDNN cannot multiply natively on this CPU is packed as its fp32 upcast.
+    Returns how many were packed (0 without oneDNN, or when the copies, counted at fp32 size, would
+    exceed `max_bytes`: the layers keep using `F.linear`). A bf16 weight that oneDNN cannot
+    multiply natively on this CPU is packed as its fp32 upcast.
     """
     if not torch.backends.mkldnn.is_available():
         return 0
+    targets = [m for m in model.modules()
+               if hasattr(m, "packed_weight") and getattr(m, "weight", None) is not None
+               and m.weight.dim() == 2 and m.weight.device.type == "cpu"]
+    if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
+        return 0
     count = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if not hasattr(module, "packed_weight") or weight is None or weight.dim() != 2 or weight.device.type != "cpu":
-            continue
-        weight = weight.detach()
+    for module in targets:
+        weight = module.weight.detach()
         try:
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         except RuntimeError:  # bf16 without native support (AVX2): pack the exact fp32 upcast

@@ -21,8 +21,9 @@ CPU_DEFAULT_MEM_FRACTION) x host memory available after loading the weights (psu
 the KV bytes per token, on CPU at most `SGLANG_CPU_KV_CACHE_SPACE` GiB (default 2); rounded down to
 whole pages either way.
 
-On CPU the linear weights get oneDNN-packed copies after loading (`linear.pack_linear_weights`;
-`SGLANG_CPU_PACK_WEIGHTS=0` keeps plain `F.linear`).
+On CPU the linear weights get oneDNN-packed copies after loading (`linear.pack_linear_weights`),
+unless the copies would take over half of the available memory; `SGLANG_CPU_PACK_WEIGHTS=0` keeps
+plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -131,9 +132,11 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.dtype, self.device, hf_config=self.hf_config,
                                show_progress=not self.options.disable_tqdm)
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
-            packed = pack_linear_weights(self.model)
+            # The packed copies come on top of the weights: leave most of the memory to the KV cache.
+            packed = pack_linear_weights(self.model, max_bytes=available_host_memory_bytes() // 2)
             logger.info(f"oneDNN-packed {packed} linear weights" if packed else
-                        "linear weights not packed (torch without oneDNN): using F.linear")
+                        "linear weights not packed (no oneDNN, or the copies would take over half of the "
+                        "available memory): using F.linear")
         gc.collect()
         after = _available_memory_bytes(self.device)
         logger.info(
