@@ -6,7 +6,7 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
-from sglang.test.server_utils import find_free_port, popen_launch_server, stop_server, wait_for_health
+from sglang.test.server_utils import find_free_port, popen_launch_server, stop_server, wait_healthy_or_stop
 
 
 def launch_prefill(model_path: str, port: int, bootstrap_port: int, extra: Sequence[str] = (), log_path=None,
@@ -38,12 +38,9 @@ def launch_router(prefills: List[tuple], decodes: List[int], port: int, mini_lb:
             "--prometheus-port", str(find_free_port())]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_health(f"http://127.0.0.1:{port}", timeout=timeout, process=proc)
-    except BaseException:
-        stop_server(proc)
-        raise
-    return proc
+    if log_path:
+        out.close()  # the child keeps its own descriptor
+    return wait_healthy_or_stop(proc, port, timeout)
 
 
 __all__ = ["find_free_port", "launch_prefill", "launch_decode", "launch_router", "stop_server"]

@@ -69,6 +69,11 @@ def popen_launch_server(model_path: str, port: int, extra_args: Sequence[str] = 
         out.close()
     if not wait:
         return proc
+    return wait_healthy_or_stop(proc, port, timeout)
+
+
+def wait_healthy_or_stop(proc: subprocess.Popen, port: int, timeout: float) -> subprocess.Popen:
+    """Waits for 127.0.0.1:`port`/health; stops the process if it never gets there."""
     try:
         wait_for_health(f"http://127.0.0.1:{port}", timeout=timeout, process=proc)
     except BaseException:

@@ -84,7 +84,7 @@ def test_rope_config_formats():
 
 
 def test_equal_settings_share_one_instance_and_cos_sin_per_positions():
-    from sglang.srt.layers.rotary_embedding import get_rope
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 
     a = get_rope(16, 16, 128, 10000.0)
     assert get_rope(16, 16, 128, 10000.0) is a
@@ -94,6 +94,8 @@ def test_equal_settings_share_one_instance_and_cos_sin_per_positions():
     first = a(pos, q, k)
     # A new positions tensor with other values must not reuse the previous rows.
     pos2 = torch.tensor([1, 2, 3])
-    fresh = get_rope(16, 16, 128, 500000.0).__class__(16, 16, 128, 10000.0)
-    torch.testing.assert_close(a(pos2, q, k)[0], fresh(pos2, q, k)[0])
+    fresh = RotaryEmbedding(16, 16, 128, 10000.0)  # not shared: nothing cached
+    for got, want in zip(a(pos2, q, k), fresh(pos2, q, k)):
+        torch.testing.assert_close(got, want)
+    assert not torch.equal(a(pos2, q, k)[0], first[0])
     torch.testing.assert_close(a(pos, q, k)[0], first[0])

@@ -426,26 +426,23 @@ def create_app(lb: MiniLoadBalancer) -> FastAPI:
     async def models():
         return await proxy_first_prefill("/v1/models")
 
+    async def forward_json(request: Request, endpoint: str, allow_batch: bool):
+        body = await _json_body(request)
+        if not isinstance(body, dict):  # already the 400 response
+            return body
+        return await lb.forward(body, endpoint, allow_batch=allow_batch)
+
     @app.post("/generate")
     async def generate(request: Request):
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            return body
-        return await lb.forward(body, "generate", allow_batch=True)
+        return await forward_json(request, "generate", allow_batch=True)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            return body
-        return await lb.forward(body, "v1/chat/completions", allow_batch=False)
+        return await forward_json(request, "v1/chat/completions", allow_batch=False)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            return body
-        return await lb.forward(body, "v1/completions", allow_batch=False)
+        return await forward_json(request, "v1/completions", allow_batch=False)
 
     @app.post("/register")
     async def register(obj: PDRegistryRequest):
