@@ -80,13 +80,13 @@ def test_request_that_cannot_fit_is_aborted_and_server_goes_on(model_dir, hf_mod
     too_long = submit(sched, "long", random_prompts([100], seed=3)[0], 4)
     assert too_long.finished_reason.to_json()["type"] == "abort"
     assert too_long.finished_reason.status_code == 400
-    grows = submit(sched, "grow", random_prompts([30], seed=4)[0], 100)
+    # As upstream, max_new_tokens is clamped so that a sequence never outgrows the pool:
+    # max_req_len = min(context - 1, pool - 1) = 63, so 63 - 30 - 1 = 32 new tokens, then "length".
+    grow_prompt = random_prompts([30], seed=4)[0]
+    grows = submit(sched, "grow", grow_prompt, 100)
     run_to_completion(sched)
-    reason = grows.finished_reason.to_json()
-    assert reason["type"] == "abort"
-    assert reason["message"] == (
-        "Out of memory even after retracting all other requests in the decode batch. Aborting the last request."
-    )
+    assert grows.finished_reason.to_json() == {"type": "length", "length": 32}
+    assert grows.output_ids == hf_greedy(hf_model, grow_prompt, 32)
     ok_prompt = random_prompts([10], seed=5)[0]
     ok = submit(sched, "ok", ok_prompt, 5)
     run_to_completion(sched)

@@ -16,12 +16,14 @@ with real outputs), then the request decodes and retracts like a transferred one
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, _evict_params
+from sglang.srt.managers.scheduler_intake import ABORT_IN_QUEUE_MESSAGE
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -80,11 +82,18 @@ class DecodeQueues:
             return
         port = recv.bootstrap_port or self.s.server_args.disaggregation_bootstrap_port
         host = recv.bootstrap_host
+        if host is None or recv.bootstrap_room is None:  # the tokenizer refuses these; never trust one process
+            req.to_abort = FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
+                                        "BadRequestError")
+            self.s._finish_unscheduled(req)
+            return
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
             req.kv_receiver.init(0)
         except Exception as e:  # bad address etc.: fail this request, not the server
+            if getattr(req, "kv_receiver", None) is not None:
+                req.kv_receiver.clear()
             req.to_abort = FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500)
             self.s._finish_unscheduled(req)
             return
@@ -92,19 +101,61 @@ class DecodeQueues:
         self.prealloc_queue.append(req)
 
     def stats(self) -> dict:
-        return {
+        out = {
             "num_prealloc_queue_reqs": len(self.prealloc_queue),
             "num_transfer_queue_reqs": len(self.transfer_queue),
             "num_retracted_queue_reqs": len(self.retracted_queue),
+            "pre_allocated_tokens": sum(r.kv_len for r in self.transfer_queue),
         }
+        if self.metadata_allocator is not None:
+            out["available_metadata_rows"] = self.metadata_allocator.available_size()
+            out["metadata_rows"] = self.metadata_allocator.size
+        return out
+
+    def all_reqs(self) -> List[Req]:
+        return self.prealloc_queue + self.transfer_queue + self.retracted_queue
+
+    def remove(self, req: Req) -> None:
+        for queue in (self.prealloc_queue, self.transfer_queue, self.retracted_queue):
+            if req in queue:
+                queue.remove(req)
+
+    def release_after_error(self, req: Req) -> None:
+        """What a failed request holds on the decode side beyond its KV: metadata row, receiver, backup."""
+        if getattr(req, "metadata_idx", None) is not None:
+            self.metadata_allocator.free(req.metadata_idx)
+            req.metadata_idx = None
+        if getattr(req, "kv_receiver", None) is not None:
+            req.kv_receiver.abort()
+            req.kv_receiver.clear()
+            req.kv_receiver = None
+        if getattr(req, "retraction_backup", None) is not None:
+            self.s.retraction_store.discard(req.retraction_backup)
+            req.retraction_backup = None
 
     def process(self) -> None:
-        """One pass of the decode-side queues; called at the top of every scheduler step."""
+        """One pass of the decode-side queues; called at the top of every scheduler step. A
+        request whose step raises fails alone (500), the others go on."""
         self.resume_retracted()
         if self.retracted_queue:
             return  # retracted requests come back before anything new is admitted
         self._pop_transferred()
         self._pre_alloc()
+
+    def _contain(self, req: Req, fn) -> bool:
+        """Runs `fn()` for one request; on an exception the request alone is aborted. False: it failed."""
+        try:
+            fn()
+            return True
+        except Exception as e:  # noqa: BLE001
+            logger.exception("Decode queue step failed for request %s", req.rid)
+            self.remove(req)
+            self.s._unqueue(req)
+            req.to_abort = FINISH_ABORT(f"Internal server error on the decode server: {type(e).__name__}: {e}", 500,
+                                        "InternalServerError")
+            self.s._release_after_error(req)
+            self.s.emit([req])
+            return False
 
     # --- prealloc / transfer --------------------------------------------------------------------------
     def _allocatable_tokens(self) -> int:
@@ -114,76 +165,96 @@ class DecodeQueues:
         return s.allocator.available_size() + s.tree_cache.evictable_size() - reserve
 
     def _pre_alloc(self) -> None:
-        s = self.s
         for req in list(self.prealloc_queue):
-            state = req.kv_receiver.poll()
-            if state == KVPoll.Failed:
-                self._fail(req, self.prealloc_queue)
+            outcome = []
+            if not self._contain(req, lambda: outcome.append(self._pre_alloc_one(req))):
                 continue
-            if state == KVPoll.Bootstrapping:
-                continue
-            n = len(req.origin_input_ids)
-            if s.req_to_token_pool.available_size() <= 0 or self._allocatable_tokens() < n + s.page_size:
+            if outcome[0] == "stop":
                 break
-            aux = self.metadata_allocator.alloc()
-            if aux is None:
-                break
-            row = s.req_to_token_pool.alloc(1)[0]
-            slots = s.allocator.alloc_extend([0], [n], [0])
-            if slots is None:
+
+    def _pre_alloc_one(self, req: Req) -> str:
+        """Reserves KV (and a Mamba slot) for one bootstrapped request. "stop": no room, try later."""
+        s = self.s
+        state = req.kv_receiver.poll()
+        if state == KVPoll.Failed:
+            self._fail(req, self.prealloc_queue)
+            return "next"
+        if state == KVPoll.Bootstrapping:
+            return "next"
+        n = len(req.origin_input_ids)
+        if s.req_to_token_pool.available_size() <= 0 or self._allocatable_tokens() < n + s.page_size:
+            return "stop"
+        if len(s.running_reqs) + len(self.transfer_queue) >= s.max_running_requests:
+            return "stop"
+        aux = self.metadata_allocator.alloc()
+        if aux is None:
+            return "stop"
+        row = s.req_to_token_pool.alloc(1)[0]
+        slots = s.allocator.alloc_extend([0], [n], [0])
+        if slots is None:
+            s.req_to_token_pool.free(row)
+            self.metadata_allocator.free(aux)
+            return "stop"
+        state_indices = None
+        if s.mamba_pool is not None:  # hybrid SSM: the prefill's state lands in this slot
+            mamba_slot = s.tree_cache.alloc_mamba_slot()
+            if mamba_slot is None:
+                s.allocator.free(slots)
                 s.req_to_token_pool.free(row)
                 self.metadata_allocator.free(aux)
-                break
-            state_indices = None
-            if s.mamba_pool is not None:  # hybrid SSM: the prefill's state lands in this slot
-                mamba_slot = s.tree_cache.alloc_mamba_slot()
-                if mamba_slot is None:
-                    s.allocator.free(slots)
-                    s.req_to_token_pool.free(row)
-                    self.metadata_allocator.free(aux)
-                    break
-                req.mamba_pool_idx = mamba_slot
-                state_indices = [[mamba_slot]]
-            req.req_pool_idx = row
-            s.req_to_token_pool.write(row, 0, slots)
-            req.kv_len = n
-            req.metadata_idx = aux
-            req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux, state_indices=state_indices)
-            self.prealloc_queue.remove(req)
-            self.transfer_queue.append(req)
+                return "stop"
+            req.mamba_pool_idx = mamba_slot
+            state_indices = [[mamba_slot]]
+        req.req_pool_idx = row
+        s.req_to_token_pool.write(row, 0, slots)
+        req.kv_len = n
+        req.metadata_idx = aux
+        self.prealloc_queue.remove(req)
+        self.transfer_queue.append(req)
+        req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux, state_indices=state_indices)
+        return "next"
 
     def _pop_transferred(self) -> None:
-        s = self.s
         for req in list(self.transfer_queue):
-            state = req.kv_receiver.poll()
-            if state == KVPoll.Failed:
-                self._fail(req, self.transfer_queue)
-            elif state == KVPoll.Success:
-                row = self.metadata_buffers.get_buf(req.metadata_idx)
-                self.metadata_allocator.free(req.metadata_idx)
-                req.metadata_idx = None
-                self.transfer_queue.remove(req)
-                if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
-                    req.to_abort = FINISH_ABORT(
-                        f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
-                        f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
-                    self._drop(req)
-                    continue
-                req.output_ids.append(row.output_id)
-                req.cached_tokens = row.cached_tokens
-                if req.return_logprob and row.output_token_logprob_val is not None:
-                    req.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
-                    if req.top_logprobs_num:
-                        req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
-                req.fill_ids = req.all_ids()
-                req.kv_receiver.clear()
-                req.kv_receiver = None
-                req.check_finished()
-                if req.finished():
-                    s.release_kv(req)
-                    s.emit([req])
-                else:
-                    s.running_reqs.append(req)
+            self._contain(req, lambda: self._pop_transferred_one(req))
+
+    def _pop_transferred_one(self, req: Req) -> None:
+        s = self.s
+        state = req.kv_receiver.poll()
+        if state == KVPoll.Failed:
+            self._fail(req, self.transfer_queue)
+            return
+        if state != KVPoll.Success:
+            return
+        row = self.metadata_buffers.get_buf(req.metadata_idx)
+        self.metadata_allocator.free(req.metadata_idx)
+        req.metadata_idx = None
+        self.transfer_queue.remove(req)
+        if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
+            req.to_abort = FINISH_ABORT(
+                f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
+                f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
+            req.kv_receiver.clear()
+            req.kv_receiver = None
+            self._drop(req)
+            return
+        if req.sampling_params.max_new_tokens > 0:
+            req.output_ids.append(row.output_id)
+        req.cached_tokens = row.cached_tokens
+        if req.return_logprob and row.output_token_logprob_val is not None and req.output_ids:
+            req.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
+        req.fill_ids = req.all_ids()
+        req.kv_receiver.clear()
+        req.kv_receiver = None
+        req.forward_entry_time = time.monotonic()
+        req.check_finished()
+        if req.finished():
+            s.release_kv(req)
+            s.emit([req])
+        else:
+            s.running_reqs.append(req)
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:
@@ -193,6 +264,7 @@ class DecodeQueues:
             message = str(e)
         queue.remove(req)
         req.kv_receiver.clear()
+        req.kv_receiver = None
         req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
         self._drop(req)
 
@@ -211,47 +283,54 @@ class DecodeQueues:
                 if getattr(req, "kv_receiver", None) is not None:
                     req.kv_receiver.abort()
                 queue.remove(req)
-                req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+                req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
                 self._drop(req)
         for req in [r for r in self.retracted_queue if hit(r)]:
             self.retracted_queue.remove(req)
             self.s.retraction_store.discard(req.retraction_backup)  # free the backup at once (upstream #18701)
             req.retraction_backup = None
-            req.to_abort = FINISH_ABORT("Aborted by request.", 499)
+            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
             req.finished_reason = req.to_abort
             self.s.emit([req])
 
     # --- retraction ---------------------------------------------------------------------------------
     def resume_retracted(self) -> None:
-        s = self.s
         for req in list(self.retracted_queue):
-            backup = req.retraction_backup
-            n = backup.kv_len
-            if s.req_to_token_pool.available_size() <= 0:
+            outcome = []
+            if not self._contain(req, lambda: outcome.append(self._resume_one(req))):
+                continue
+            if outcome[0] == "stop":
                 break
-            if s.running_reqs and self._allocatable_tokens() < n + s.page_size:
-                break
-            row = s.req_to_token_pool.alloc(1)[0]
-            slots = s.allocator.alloc_extend([0], [n], [0])
-            if slots is None:
-                s.tree_cache.evict(_evict_params(n))
-                slots = s.allocator.alloc_extend([0], [n], [0])
-            if slots is None:
-                s.req_to_token_pool.free(row)
-                break
-            if s.mamba_pool is not None:  # hybrid SSM: the backed-up state goes into a new slot
-                mamba_slot = s.tree_cache.alloc_mamba_slot()
-                if mamba_slot is None:
-                    s.allocator.free(slots)
-                    s.req_to_token_pool.free(row)
-                    break
-                req.mamba_pool_idx = mamba_slot
-            req.req_pool_idx = row
-            s.req_to_token_pool.write(row, 0, slots)
-            s.retraction_store.restore(backup, slots, getattr(req, "mamba_pool_idx", None))
-            req.retraction_backup = None
-            req.kv_len = n
-            req.fill_ids = req.all_ids()
-            self.retracted_queue.remove(req)
-            s.running_reqs.append(req)
 
+    def _resume_one(self, req: Req) -> str:
+        s = self.s
+        backup = req.retraction_backup
+        n = backup.kv_len
+        if s.req_to_token_pool.available_size() <= 0:
+            return "stop"
+        if s.running_reqs and self._allocatable_tokens() < n + s.page_size:
+            return "stop"
+        row = s.req_to_token_pool.alloc(1)[0]
+        slots = s.allocator.alloc_extend([0], [n], [0])
+        if slots is None:
+            s.tree_cache.evict(_evict_params(n))
+            slots = s.allocator.alloc_extend([0], [n], [0])
+        if slots is None:
+            s.req_to_token_pool.free(row)
+            return "stop"
+        if s.mamba_pool is not None:  # hybrid SSM: the backed-up state goes into a new slot
+            mamba_slot = s.tree_cache.alloc_mamba_slot()
+            if mamba_slot is None:
+                s.allocator.free(slots)
+                s.req_to_token_pool.free(row)
+                return "stop"
+            req.mamba_pool_idx = mamba_slot
+        req.req_pool_idx = row
+        s.req_to_token_pool.write(row, 0, slots)
+        req.kv_len = n
+        s.retraction_store.restore(backup, slots, getattr(req, "mamba_pool_idx", None))
+        req.retraction_backup = None
+        req.fill_ids = req.all_ids()
+        self.retracted_queue.remove(req)
+        s.running_reqs.append(req)
+        return "next"

@@ -12,10 +12,11 @@ A request on a prefill server goes through:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+from sglang.srt.managers.scheduler_intake import ABORT_IN_QUEUE_MESSAGE
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -59,21 +60,53 @@ class PrefillQueues:
             "num_bootstrap_queue_reqs": len(self.bootstrap_queue),
             "num_inflight_queue_reqs": len(self.inflight_queue),
             "available_metadata_rows": self.metadata_allocator.available_size(),
+            "metadata_rows": self.metadata_allocator.size,
         }
 
     def add(self, req: Req, recv) -> None:
         req.sampling_params.max_new_tokens = 1
         sa = self.s.server_args
+        req.sent_kv_len = 0
+        req.metadata_idx = None
+        local = recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST)
+        if not local and recv.bootstrap_room is None:  # the tokenizer refuses this; never trust one process
+            req.to_abort = FINISH_ABORT("bootstrap_room is required when bootstrap_host is set.", 400, "BadRequestError")
+            self.s._finish_unscheduled(req)
+            return
         room = recv.bootstrap_room if recv.bootstrap_room is not None else 0
         req.bootstrap_room = room
-        if recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST):
+        if local:
             req.kv_sender = self.fake_sender_cls(self.fake_manager, f"{FAKE_BOOTSTRAP_HOST}:0", room)
         else:
             port = recv.bootstrap_port or sa.disaggregation_bootstrap_port
             req.kv_sender = self.sender_cls(self.kv_manager, f"{recv.bootstrap_host}:{port}", room)
-        req.sent_kv_len = 0
-        req.metadata_idx = None
         self.bootstrap_queue.append(req)
+
+    def all_reqs(self) -> List[Req]:
+        return self.bootstrap_queue + self.inflight_queue
+
+    def remove(self, req: Req) -> None:
+        for queue in (self.bootstrap_queue, self.inflight_queue):
+            if req in queue:
+                queue.remove(req)
+
+    def release_after_error(self, req: Req) -> None:
+        """The scheduler already gave back the KV and the sender (`_release_transfer`)."""
+        if getattr(req, "metadata_idx", None) is not None:
+            self.metadata_allocator.free(req.metadata_idx)
+            req.metadata_idx = None
+
+    def _contain(self, req: Req, fn) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - this request fails alone
+            logger.exception("Prefill queue step failed for request %s", req.rid)
+            self.remove(req)
+            self.s._unqueue(req)
+            req.to_abort = FINISH_ABORT(f"Internal server error on the prefill server: {type(e).__name__}: {e}", 500,
+                                        "InternalServerError")
+            self.s._release_after_error(req)
+            self.s.emit([req])
 
     def process(self) -> None:
         self._pop_bootstrapped()
@@ -81,19 +114,26 @@ class PrefillQueues:
 
     def _pop_bootstrapped(self) -> None:
         for req in list(self.bootstrap_queue):
-            state = req.kv_sender.poll()
-            if state == KVPoll.Failed:
-                self.bootstrap_queue.remove(req)
-                self._abort(req, self._failure_message(req))
-            elif state == KVPoll.WaitingForInput:
-                idx = self.metadata_allocator.alloc()
-                if idx is None:
-                    break
-                req.metadata_idx = idx
-                num_pages = -(-len(req.origin_input_ids) // self.s.page_size)
-                req.kv_sender.init(num_pages, idx)
-                self.bootstrap_queue.remove(req)
-                self.s.waiting_queue.append(req)
+            outcome = []
+            self._contain(req, lambda: outcome.append(self._pop_bootstrapped_one(req)))
+            if outcome and outcome[0] == "stop":
+                break
+
+    def _pop_bootstrapped_one(self, req: Req) -> str:
+        state = req.kv_sender.poll()
+        if state == KVPoll.Failed:
+            self.bootstrap_queue.remove(req)
+            self._abort(req, self._failure_message(req))
+        elif state == KVPoll.WaitingForInput:
+            idx = self.metadata_allocator.alloc()
+            if idx is None:
+                return "stop"
+            req.metadata_idx = idx
+            num_pages = -(-len(req.origin_input_ids) // self.s.page_size)
+            req.kv_sender.init(num_pages, idx)
+            self.bootstrap_queue.remove(req)
+            self.s.waiting_queue.append(req)
+        return "next"
 
     # --- called by the scheduler after each extend forward ----------------------------------------
     def send_chunk(self, req: Req) -> None:
@@ -129,17 +169,19 @@ class PrefillQueues:
 
     # --- completion -----------------------------------------------------------------------------------
     def _process_inflight(self) -> None:
-        s = self.s
         for req in list(self.inflight_queue):
-            state = req.kv_sender.poll()
-            if state == KVPoll.Success:
-                self.inflight_queue.remove(req)
-                req.finished_reason = req.to_abort or FINISH_LENGTH(length=0)
-                self._release(req, insert=True)
-                s.emit([req])
-            elif state == KVPoll.Failed:
-                self.inflight_queue.remove(req)
-                self._abort(req, self._failure_message(req))
+            self._contain(req, lambda: self._process_inflight_one(req))
+
+    def _process_inflight_one(self, req: Req) -> None:
+        state = req.kv_sender.poll()
+        if state == KVPoll.Success:
+            self.inflight_queue.remove(req)
+            req.finished_reason = req.to_abort or FINISH_LENGTH(length=0)
+            self._release(req, insert=True)
+            self.s.emit([req])
+        elif state == KVPoll.Failed:
+            self.inflight_queue.remove(req)
+            self._abort(req, self._failure_message(req))
 
     def _failure_message(self, req: Req) -> str:
         try:
@@ -157,7 +199,7 @@ class PrefillQueues:
             req.kv_sender.clear()
         req.kv_sender = None
 
-    def _abort(self, req: Req, message: str, status_code: int = 500) -> None:
+    def _abort(self, req: Req, message: str, status_code: Optional[int] = 500) -> None:
         req.to_abort = FINISH_ABORT(message, status_code)
         req.finished_reason = req.to_abort
         self._release(req, insert=False)
@@ -168,4 +210,4 @@ class PrefillQueues:
             for req in [r for r in queue if hit(r)]:
                 queue.remove(req)
                 req.kv_sender.abort()
-                self._abort(req, "Aborted by request.", 499)
+                self._abort(req, ABORT_IN_QUEUE_MESSAGE, None)

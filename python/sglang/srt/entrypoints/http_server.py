@@ -37,12 +37,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     ModelList,
     TokenizeRequest,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
-    STRUCTURED_OUTPUT_UNSUPPORTED,
-    abort_error,
-    chain_outputs,
-    first_output,
-)
+from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.server_lifecycle import (
@@ -55,6 +50,7 @@ from sglang.srt.entrypoints.server_lifecycle import (
     wait_and_warmup,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +59,6 @@ FLUSH_CACHE_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
-_STRUCTURED_KEYS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
 class AbortRequestBody(BaseModel):
@@ -85,11 +80,6 @@ def _native_error(message: str, status_code: int = 400) -> Response:
 def _stream_error_chunk(message: str, code: int = 400) -> bytes:
     err = {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
     return b"data: " + orjson.dumps(err) + b"\n\n"
-
-
-def _asks_structured_output(obj: GenerateReqInput) -> bool:
-    sps = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params or {}]
-    return any(isinstance(sp, dict) and any(sp.get(k) for k in _STRUCTURED_KEYS) for sp in sps)
 
 
 # Fields of GenerateReqInput a client may set (the rest are filled by normalization).
@@ -235,7 +225,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request):
         obj = await _parse_body(request, AbortRequestBody)
-        _abort(state.tokenizer_manager, obj.rid, obj.abort_all)
+        state.tokenizer_manager.abort_request(obj.rid, obj.abort_all)
         return Response(status_code=200)
 
     if getattr(state.server_args, "enable_metrics", False) and state.metrics is not None:
@@ -288,8 +278,6 @@ class _ApiKeyMiddleware:
 
 async def _generate(state: ServerState, obj: GenerateReqInput, request: Request) -> Response:
     """Native `/generate`: errors are `{"error": {"message": ...}}` as upstream."""
-    if _asks_structured_output(obj):
-        return _native_error(STRUCTURED_OUTPUT_UNSUPPORTED)
     dead = state.ctx.dead_reason()
     if dead:
         return _native_error(dead, 503)
@@ -300,8 +288,11 @@ async def _generate(state: ServerState, obj: GenerateReqInput, request: Request)
     except ValueError as e:
         logger.error("[http_server] Error: %s", e)
         return _native_error(str(e))
-    except RuntimeError as e:  # the engine died
+    except EngineDeadError as e:
         return _native_error(str(e), 503)
+    except Exception as e:  # noqa: BLE001 - a bug answers this request with a 500, the server goes on
+        logger.exception("[http_server] Internal error in /generate: %s", e)
+        return _native_error(f"Internal server error: {e}", 500)
 
     if obj.stream:
         if first is not None:
@@ -328,19 +319,12 @@ async def _stream_native(first, agen):
     except ValueError as e:
         logger.error("[http_server] Error: %s", e)
         yield _stream_error_chunk(str(e))
+    except Exception as e:  # noqa: BLE001 - the stream ends with an error event, not a cut connection
+        logger.exception("[http_server] Internal error in a /generate stream: %s", e)
+        yield _stream_error_chunk(f"Internal server error: {e}", 500)
     finally:
         await outputs.aclose()
     yield b"data: [DONE]\n\n"
-
-
-def _abort(tm, rid: str, abort_all: bool) -> None:
-    """Aborts `rid`, and the per-sample requests `rid_0..rid_{n-1}` that `n > 1` creates."""
-    if abort_all:
-        tm.abort_request(abort_all=True)
-        return
-    targets = [r for r in list(tm.rid_to_state) if r == rid or r.startswith(f"{rid}_")]
-    for r in targets:
-        tm.abort_request(r)
 
 
 async def _generate_one_token(state: ServerState) -> bool:

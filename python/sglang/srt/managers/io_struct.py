@@ -1,8 +1,8 @@
 """Typed messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
 
 They travel pickled over ZMQ. `GenerateReqInput` is also the request object of `/generate`
-and `Engine.generate`; `normalize_batch_and_arguments` turns a batch request into one entry
-per (prompt, sample) pair.
+and `Engine.generate`; `normalize_batch_and_arguments` says whether it is one prompt or a batch,
+and `managers/request_expansion.py` turns it into one entry per (prompt, sample) pair.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class GenerateReqInput:
             self.text is not None and self.input_ids is not None
         ):
             raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        if self.text is None and self.input_ids is None:
+            raise ValueError("input_embeds is not supported by this server yet: send text or input_ids.")
         if self.text is not None:
             self.is_single = isinstance(self.text, str)
             self.batch_size = 1 if self.is_single else len(self.text)
@@ -72,45 +74,6 @@ class GenerateReqInput:
             self.batch_size = 1 if self.is_single else len(self.input_ids)
         if not self.is_single and self.batch_size == 0:
             raise ValueError("The batch of prompts is empty.")
-
-    def _pick(self, value, i):
-        if isinstance(value, list) and not self.is_single:
-            return value[i]
-        return value
-
-    def _pick_sampling(self, i):
-        sp = self.sampling_params
-        if isinstance(sp, list):
-            return sp[i] if not self.is_single else (sp[0] if sp else {})
-        return sp or {}
-
-    def split(self) -> List["GenerateReqInput"]:
-        """One single-prompt request per batch entry (rids, sampling params and PD fields picked per entry)."""
-        if self.is_single:
-            return [self]
-        out = []
-        for i in range(self.batch_size):
-            out.append(
-                GenerateReqInput(
-                    text=self.text[i] if self.text is not None else None,
-                    input_ids=self.input_ids[i] if self.input_ids is not None else None,
-                    sampling_params=self._pick_sampling(i),
-                    rid=self._pick(self.rid, i),
-                    return_logprob=self._pick(self.return_logprob, i),
-                    logprob_start_len=self._pick(self.logprob_start_len, i),
-                    top_logprobs_num=self._pick(self.top_logprobs_num, i),
-                    return_text_in_logprobs=self.return_text_in_logprobs,
-                    stream=self.stream,
-                    bootstrap_host=self._pick(self.bootstrap_host, i),
-                    bootstrap_port=self._pick(self.bootstrap_port, i),
-                    bootstrap_room=self._pick(self.bootstrap_room, i),
-                    priority=self.priority,
-                    extra_key=self._pick(self.extra_key, i),
-                    cache_salt=self._pick(self.cache_salt, i),
-                    return_prompt_token_ids=self.return_prompt_token_ids,
-                )
-            )
-        return out
 
 
 @dataclass
@@ -122,6 +85,7 @@ class TokenizedGenerateReqInput:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: Optional[List[int]] = None
     stream: bool = False
     bootstrap_host: Optional[str] = None
     bootstrap_port: Optional[int] = None

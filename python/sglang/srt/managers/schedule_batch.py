@@ -8,10 +8,15 @@ the radix tree (locked through `last_node`), the rest to the request.
 
 from __future__ import annotations
 
+import re
 import time
-from typing import List, Optional, Set
+from typing import List, Optional, Sequence, Set
 
 import torch
+
+
+# A stop regex that can match more than this many characters is checked on the whole output.
+STOP_REGEX_FULL_DECODE = 1 << 16
 
 
 class BaseFinishReason:
@@ -75,6 +80,7 @@ class Req:
         extra_key: Optional[str] = None,
         priority: Optional[int] = None,
         vocab_size: Optional[int] = None,
+        token_ids_logprob: Optional[List[int]] = None,
     ):
         self.rid = rid
         self.origin_input_text = origin_input_text
@@ -89,7 +95,10 @@ class Req:
         self.extra_key = extra_key
         self.priority = priority
         self.vocab_size = vocab_size
+        self.token_ids_logprob = token_ids_logprob
         self.arrival_time = time.monotonic()
+        self.queue_time_start = self.arrival_time  # entered the waiting queue (again, after a retraction)
+        self.forward_entry_time: Optional[float] = None  # first scheduled into a batch
 
         # Memory state (see module docstring).
         self.req_pool_idx: Optional[int] = None
@@ -117,6 +126,9 @@ class Req:
         self.output_top_logprobs: List[list] = []
         self.input_token_logprobs: Optional[List[tuple]] = None
         self.input_top_logprobs: Optional[List[list]] = None
+        # With token_ids_logprob: per position, (logprobs, token ids) of the requested ids.
+        self.output_token_ids_logprobs: List[tuple] = []
+        self.input_token_ids_logprobs: Optional[List[tuple]] = None
         self.sent_logprob_len = 0
 
         # Incremental stop-string check state.
@@ -182,15 +194,30 @@ class Req:
             if last in stop_ids:
                 self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
                 return
-            if sp.stop_strs and self.tokenizer is not None:
-                tail_len = (getattr(sp, "stop_str_max_len", 0) or 0) + 1
-                tail = self.tokenizer.decode(self.output_ids[-tail_len:])
-                for s in sp.stop_strs:
-                    if s and s in tail:
-                        self.finished_reason = FINISH_MATCHED_STR(matched=s)
-                        return
+            if (sp.stop_strs or sp.stop_regex_strs) and self.tokenizer is not None:
+                if self._check_str_based_finish():
+                    return
         if self.vocab_size is not None and not (0 <= last < self.vocab_size):
             self.finished_reason = FINISH_ABORT("Sampled token id out of the vocabulary.", 500)
+
+    def _check_str_based_finish(self) -> bool:
+        """Stop strings, then stop regexes, on the decoded tail of the output (upstream: the tail
+        long enough for the longest of them; `matched` is the stop string, or the regex pattern)."""
+        sp = self.sampling_params
+        if sp.stop_strs:
+            tail = self.tokenizer.decode(self.output_ids[-(sp.stop_str_max_len + 1):])
+            for stop in sp.stop_strs:
+                if stop and stop in tail:
+                    self.finished_reason = FINISH_MATCHED_STR(matched=stop)
+                    return True
+        if sp.stop_regex_strs:
+            n = len(self.output_ids) if sp.stop_regex_max_len >= STOP_REGEX_FULL_DECODE else sp.stop_regex_max_len + 1
+            tail = self.tokenizer.decode(self.output_ids[-n:])
+            for pattern in sp.stop_regex_strs:
+                if re.search(pattern, tail):
+                    self.finished_reason = FINISH_MATCHED_STR(matched=pattern)
+                    return True
+        return False
 
     def meta_info_base(self) -> dict:
         return {
@@ -237,8 +264,12 @@ class ScheduleBatch:
         return out
 
     # --- extend -------------------------------------------------------------------------
-    def prepare_for_extend(self, return_full_logits: bool = False):
-        """Allocates req rows and KV slots for the new tokens; returns the ForwardBatch (or None: no memory)."""
+    def prepare_for_extend(self, return_full_logits: bool = False, decoding_reqs: Sequence[Req] = ()):
+        """Allocates req rows and KV slots for the new tokens; returns the ForwardBatch (or None: no memory).
+
+        `decoding_reqs` (--enable-mixed-chunk): running requests that decode their next token in
+        the same forward, as one-token extends after the new requests. All slots come from one
+        allocation, so a failure leaves nothing allocated for them."""
         from sglang.srt.model_executor.forward_batch import ForwardBatch
 
         for req in self.reqs:
@@ -255,34 +286,40 @@ class ScheduleBatch:
                     return None  # the scheduler undoes the admission (and frees what was taken)
                 req.mamba_pool_idx = slot
                 self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
-        prefix_lens = [len(r.prefix_indices) for r in self.reqs]
-        seq_lens = [len(r.fill_ids) for r in self.reqs]
-        last_locs = [self._last_loc(r, p) for r, p in zip(self.reqs, prefix_lens)]
-        need = sum(s - p for s, p in zip(seq_lens, prefix_lens)) + self.page_size * len(self.reqs)
+        reqs = list(self.reqs) + list(decoding_reqs)
+        prefix_lens = [len(r.prefix_indices) for r in self.reqs] + [r.kv_len for r in decoding_reqs]
+        seq_lens = [len(r.fill_ids) for r in self.reqs] + [r.kv_len + 1 for r in decoding_reqs]
+        last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens)]
+        need = sum(s - p for s, p in zip(seq_lens, prefix_lens)) + self.page_size * len(reqs)
         out_cache_loc = self._alloc_with_eviction(
             lambda: self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs), need
         )
         if out_cache_loc is None:
             return None
         offset = 0
-        for req, p, s in zip(self.reqs, prefix_lens, seq_lens):
+        for req, p, s in zip(reqs, prefix_lens, seq_lens):
             self.req_to_token_pool.write(req.req_pool_idx, p, out_cache_loc[offset : offset + s - p])
             offset += s - p
             req.kv_len = s
+        for req in decoding_reqs:
+            req.fill_ids = req.all_ids()
+        new_tokens = [r.fill_ids[p:] for r, p in zip(self.reqs, prefix_lens)]
+        new_tokens += [[r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1]] for r in decoding_reqs]
         return self._with_mamba(ForwardBatch.for_extend(
-            [r.fill_ids[p:] for r, p in zip(self.reqs, prefix_lens)],
+            new_tokens,
             prefix_lens,
-            [r.req_pool_idx for r in self.reqs],
+            [r.req_pool_idx for r in reqs],
             out_cache_loc,
             device=self.device,
             return_full_logits=return_full_logits,
-        ))
+        ), reqs)
 
-    def _with_mamba(self, forward_batch):
+    def _with_mamba(self, forward_batch, reqs: Optional[Sequence[Req]] = None):
         if self.mamba_pool is not None:
             forward_batch.mamba_pool = self.mamba_pool
             forward_batch.mamba_pool_indices = torch.tensor(
-                [r.mamba_pool_idx for r in self.reqs], dtype=torch.int64, device=self.device
+                [r.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
+                device=self.device,
             )
         return forward_batch
 

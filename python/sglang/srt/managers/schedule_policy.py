@@ -41,7 +41,7 @@ def order_waiting_queue(queue: List[Req], policy: str, tree_cache, priority_sche
 class PrefillAdder:
     def __init__(self, *, page_size: int, tree_cache, allocator, req_to_token_pool, running_reqs: List[Req],
                  new_token_ratio: float, max_prefill_tokens: int, chunked_prefill_size: Optional[int],
-                 max_running_requests: int):
+                 max_running_requests: int, mixed_with_decode_tokens: int = 0):
         self.page_size = page_size
         self.tree_cache = tree_cache
         self.req_to_token_pool = req_to_token_pool
@@ -53,8 +53,11 @@ class PrefillAdder:
         )
         self.new_token_ratio = new_token_ratio
         self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - reserved
-        self.rem_input_tokens = max_prefill_tokens
+        # --enable-mixed-chunk: the running requests' decode tokens share the batch's token budgets.
+        self.rem_input_tokens = max_prefill_tokens - mixed_with_decode_tokens
         self.rem_chunk_tokens = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= mixed_with_decode_tokens
         self.can_run: List[Req] = []
         self.new_chunked_req: Optional[Req] = None
         # Hybrid SSM models: every admitted request needs a MambaPool slot (free, or freed by

@@ -1,8 +1,12 @@
-"""The scheduler: owns the model, the KV memory and the prefix cache, and runs the batches.
+"""(Scheduler process.) The scheduler: owns the model, the KV memory and the prefix cache, and
+runs the batches.
 
 One iteration (`step`): admit waiting requests into a prefill (extend) batch if any fit, else
 decode the running requests (retracting some first if the next token does not fit), sample,
-append tokens, finish requests and release their memory into the radix tree.
+append tokens, finish requests and release their memory into the radix tree. With
+`--enable-mixed-chunk` the running requests ride along a prefill batch as one-token extends.
+If a step raises, `recover_from_step_error` aborts the requests of that batch (500) and frees
+their memory; everything else keeps running.
 
 It runs in-process (tests, `step()`) or as a subprocess (`run_scheduler_process`) that reads
 `TokenizedGenerateReqInput`/`AbortReq`/... from ZMQ and pushes `BatchTokenIDOutput` to the
@@ -20,7 +24,9 @@ import torch
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, order_waiting_queue
+from sglang.srt.managers.scheduler_intake import SchedulerIntakeMixin, running_timeout_s, waiting_timeout_s
 from sglang.srt.managers.scheduler_output import collect_outputs, record_logprobs
+from sglang.srt.managers.scheduler_stats import SchedulerStatsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +35,7 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
-class Scheduler:
+class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def __init__(self, server_args, model_runner=None):
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.layers.sampler import Sampler
@@ -52,16 +58,16 @@ class Scheduler:
         self.max_running_requests = min(
             server_args.max_running_requests or self.req_to_token_pool.size, self.req_to_token_pool.size
         )
-        self.max_req_input_len = min(self.model_config.context_len - 1, self.max_total_num_tokens - 1)
+        # Upstream's limits: a sequence never outgrows the context or the whole KV pool.
+        self.max_req_len = min(self.model_config.context_len - 1, self.max_total_num_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
 
         self.tokenizer = None
         self.eos_token_ids = _eos_token_ids(self.model_config)
         if not getattr(server_args, "skip_tokenizer_init", False):
-            from transformers import AutoTokenizer
+            from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(
-                self.model_config.model_path, trust_remote_code=getattr(server_args, "trust_remote_code", False)
-            )
+            self.tokenizer = load_tokenizer(server_args, default_path=self.model_config.model_path)
             if self.tokenizer.eos_token_id is not None:
                 self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
@@ -118,71 +124,13 @@ class Scheduler:
         self.stream_interval = getattr(server_args, "stream_interval", 1)
         self.pending_outputs: List[BatchTokenIDOutput] = []
         self.init_free_kv = self.allocator.available_size()
-
-    # --- requests in -------------------------------------------------------------------------
-    def add_request(self, recv: TokenizedGenerateReqInput) -> Req:
-        req = Req(
-            rid=recv.rid,
-            origin_input_text=recv.input_text,
-            origin_input_ids=recv.input_ids,
-            sampling_params=recv.sampling_params,
-            eos_token_ids=self.eos_token_ids,
-            return_logprob=recv.return_logprob,
-            logprob_start_len=recv.logprob_start_len,
-            top_logprobs_num=recv.top_logprobs_num,
-            stream=recv.stream,
-            extra_key=recv.extra_key,
-            priority=recv.priority,
-            vocab_size=self.model_config.vocab_size,
-        )
-        req.tokenizer = self.tokenizer
-        if len(req.origin_input_ids) == 0:
-            req.to_abort = FINISH_ABORT("The input is empty: at least one token is required.", 400, "BadRequestError")
-        elif len(req.origin_input_ids) > self.max_req_input_len:
-            req.to_abort = FINISH_ABORT(
-                f"Input length ({len(req.origin_input_ids)} tokens) exceeds the maximum allowed length "
-                f"({self.max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate.",
-                400,
-                "BadRequestError",
-            )
-        if req.to_abort is not None:
-            self._finish_unscheduled(req)
-        elif self.decode_queues is not None:
-            self.decode_queues.add(req, recv)
-        elif self.prefill_queues is not None:
-            self.prefill_queues.add(req, recv)
-        else:
-            self.waiting_queue.append(req)
-        return req
-
-    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        def hit(r):
-            return abort_all or r.rid == rid or (rid and r.rid.startswith(rid))
-
-        for req in [r for r in self.waiting_queue if hit(r)]:
-            self.waiting_queue.remove(req)
-            req.to_abort = FINISH_ABORT("Aborted by request.", 499)
-            self._finish_unscheduled(req)
-        for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
-            if hit(req):
-                req.to_abort = FINISH_ABORT("Aborted by request.", 499)
-        for queues in (self.decode_queues, self.prefill_queues):
-            if queues is not None:
-                queues.abort(hit)
-
-    def _finish_unscheduled(self, req: Req) -> None:
-        req.finished_reason = req.to_abort
-        self._release_transfer(req)
-        self.emit([req])
-
-    def _release_transfer(self, req: Req) -> None:
-        """An aborted PD prefill request gives up its sender and metadata row."""
-        if self.prefill_queues is not None and getattr(req, "kv_sender", None) is not None:
-            req.kv_sender.abort()
-            if req.metadata_idx is not None:
-                self.prefill_queues.metadata_allocator.free(req.metadata_idx)
-                req.metadata_idx = None
-            req.kv_sender = None
+        self.waiting_timeout_s = waiting_timeout_s()
+        self.running_timeout_s = running_timeout_s()
+        self.enable_mixed_chunk = bool(server_args.enable_mixed_chunk and server_args.chunked_prefill_size
+                                       and server_args.chunked_prefill_size > 0)
+        self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
+        self.forward_started_at: Optional[float] = None  # read by the watchdog thread
+        self.init_stats()
 
     def emit(self, reqs: List[Req]) -> None:
         """Queues the outputs of these requests (new tokens, finish) for the detokenizer."""
@@ -196,6 +144,8 @@ class Scheduler:
 
     def step(self) -> List[BatchTokenIDOutput]:
         """Runs one batch (prefill if anything can be admitted, else decode). Returns outputs to send."""
+        self.in_flight = []
+        self.abort_timed_out()
         self._drop_aborted_running()
         if self.decode_queues is not None:
             self.decode_queues.process()
@@ -206,11 +156,11 @@ class Scheduler:
             self.run_extend(*batch)
         elif self.running_reqs:
             self.run_decode()
-        outs, self.pending_outputs = self.pending_outputs, []
-        return outs
+        self.in_flight = []
+        return self.take_outputs()
 
-    def step_idle(self) -> List[BatchTokenIDOutput]:
-        """Nothing to run: only hand out outputs of requests finished without running (aborts)."""
+    def take_outputs(self) -> List[BatchTokenIDOutput]:
+        """Hands out (and forgets) the outputs queued so far, e.g. of requests finished without running."""
         outs, self.pending_outputs = self.pending_outputs, []
         return outs
 
@@ -228,6 +178,35 @@ class Scheduler:
         if aborted:
             self.emit(aborted)
 
+    def recover_from_step_error(self, exc: BaseException) -> None:
+        """A step raised: its batch's requests end with a 500 that says why, their memory is freed
+        (never inserted into the radix tree: their KV may be half written), the rest goes on."""
+        self.forward_started_at = None
+        message = f"Internal server error while running the batch: {type(exc).__name__}: {exc}"
+        victims = [r for r in self.in_flight if not r.finished()]
+        self.in_flight = []
+        for req in victims:
+            self._unqueue(req)
+            req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
+            self._release_after_error(req)
+        if victims:
+            logger.error("Aborted %d request(s) of the failed batch: %s", len(victims), [r.rid for r in victims])
+            self.emit(victims)
+
+    def _release_after_error(self, req: Req) -> None:
+        req.finished_reason = req.to_abort
+        try:
+            self.release_kv(req)
+        except Exception:  # noqa: BLE001 - say so loudly; the pool check in the tests catches a leak
+            logger.exception("Could not release the memory of request %s", req.rid)
+        try:
+            self._release_transfer(req)
+            for queues in (self.decode_queues, self.prefill_queues):
+                if queues is not None:
+                    queues.release_after_error(req)
+        except Exception:  # noqa: BLE001
+            logger.exception("Could not release the transfer state of request %s", req.rid)
+
     # --- prefill -------------------------------------------------------------------------------
     def get_new_prefill_batch(self):
         if not self.waiting_queue and self.chunked_req is None:
@@ -237,6 +216,7 @@ class Scheduler:
         if len(self.running_reqs) >= self.max_running_requests and self.chunked_req is None:
             return None
         sa = self.server_args
+        mixing = self._can_mix()
         adder = PrefillAdder(
             page_size=self.page_size,
             tree_cache=self.tree_cache,
@@ -247,7 +227,9 @@ class Scheduler:
             max_prefill_tokens=sa.max_prefill_tokens,
             chunked_prefill_size=sa.chunked_prefill_size,
             max_running_requests=self.max_running_requests,
+            mixed_with_decode_tokens=len(self.running_reqs) if mixing else 0,
         )
+        self.in_flight = adder.can_run  # what a failure from here on must abort
         still_chunked = None
         if self.chunked_req is not None:
             still_chunked = adder.add_chunked_req(self.chunked_req)
@@ -256,8 +238,8 @@ class Scheduler:
                 self.waiting_queue,
                 sa.schedule_policy,
                 self.tree_cache,
-                getattr(sa, "enable_priority_scheduling", False),
-                getattr(sa, "schedule_low_priority_values_first", False),
+                sa.enable_priority_scheduling,
+                sa.schedule_low_priority_values_first,
             )
             for req in list(self.waiting_queue):
                 res = adder.add_one_req(req)
@@ -271,13 +253,35 @@ class Scheduler:
                     break
         if not adder.can_run:
             return None
-        batch = ScheduleBatch(adder.can_run, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
-        forward_batch = batch.prepare_for_extend(return_full_logits=any(r.wants_input_logprobs() for r in batch.reqs))
+        reqs = list(adder.can_run)
+        decoding = []
+        if mixing and not any(r.return_logprob for r in reqs):
+            decoding = self._prepare_mixed_decode()
+        batch = ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        forward_batch = batch.prepare_for_extend(return_full_logits=any(r.wants_input_logprobs() for r in batch.reqs),
+                                                 decoding_reqs=decoding)
         if forward_batch is None:
-            self._undo_admission(batch.reqs)
+            self._undo_admission(reqs)
             return None
+        self.in_flight = reqs + decoding
+        now = time.monotonic()
+        for req in reqs:
+            if req.forward_entry_time is None:
+                req.forward_entry_time = now
         self.chunked_req = still_chunked
-        return batch, forward_batch
+        self.log_prefill_stats(reqs, adder)
+        return batch, forward_batch, decoding
+
+    def _can_mix(self) -> bool:
+        """--enable-mixed-chunk: running requests decode inside the prefill batch (not with logprobs, as upstream)."""
+        return (self.enable_mixed_chunk and bool(self.running_reqs) and self.decode_queues is None
+                and not any(r.return_logprob for r in self.running_reqs))
+
+    def _prepare_mixed_decode(self) -> List[Req]:
+        """The running requests to mix in, when their next tokens fit (eviction allowed); else []
+        and they decode in their own step, which retracts if needed."""
+        probe = ScheduleBatch(self.running_reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        return list(self.running_reqs) if probe.check_decode_mem() else []
 
     def _undo_admission(self, reqs: List[Req]) -> None:
         for req in reversed(reqs):
@@ -287,20 +291,21 @@ class Scheduler:
             req.prefix_indices = torch.empty(0, dtype=torch.int64)
             self.waiting_queue.insert(0, req)
 
-    def run_extend(self, batch: ScheduleBatch, forward_batch) -> None:
-        logits_output = self.model_runner.forward(forward_batch)
-        self.forward_ct += 1
-        # Requests whose prompt is fully prefilled now sample their first output token.
+    def run_extend(self, batch: ScheduleBatch, forward_batch, decoding: List[Req] = ()) -> None:
+        logits_output = self._forward(forward_batch)
+        n_new = len(batch.reqs)
+        # Requests whose prompt is fully prefilled now sample their first output token; mixed-in
+        # running requests (after the new ones) sample their next one.
         done = [i for i, r in enumerate(batch.reqs) if r is not self.chunked_req]
         record_logprobs(batch.reqs, forward_batch, logits_output, self.sampler)
-        next_ids, samp = self._sample([batch.reqs[i] for i in done], logits_output.next_token_logits[done])
+        rows = done + list(range(n_new, n_new + len(decoding)))
+        sampled_reqs = [batch.reqs[i] for i in done] + list(decoding)
+        next_ids, samp = self._sample(sampled_reqs, logits_output.next_token_logits[rows])
         to_emit = []
         for j, i in enumerate(done):
             req = batch.reqs[i]
-            req.output_ids.append(int(next_ids[j]))
             req.is_chunked = 0
-            if samp is not None:
-                samp(req, j)
+            self._accept_token(req, int(next_ids[j]), samp, j)
             if self.prefill_queues is not None and req.to_abort is None:
                 self.prefill_queues.on_prefill_done(req)  # KV goes to the decode server first
                 continue
@@ -308,9 +313,20 @@ class Scheduler:
             to_emit.append(req)
             if req.finished():
                 self.release_kv(req, insert=True)
+                self._release_transfer(req)
             else:
                 self.tree_cache.cache_unfinished_req(req)
                 self.running_reqs.append(req)
+        if decoding:
+            base = len(done)
+            for j, req in enumerate(decoding):
+                self._accept_token(req, int(next_ids[base + j]), samp, base + j)
+                req.check_finished()
+                if req.finished():
+                    self.release_kv(req, insert=True)
+            self.running_reqs = [r for r in self.running_reqs if not r.finished()]
+            self._after_decode(list(decoding))
+            to_emit += list(decoding)
         if self.chunked_req is not None:
             self.chunked_req.is_chunked += 1
             self.tree_cache.cache_unfinished_req(self.chunked_req, chunked=True)
@@ -318,34 +334,52 @@ class Scheduler:
                 self.prefill_queues.send_chunk(self.chunked_req)
         self.emit(to_emit)
 
+    def _accept_token(self, req: Req, token: int, samp, j: int) -> None:
+        """Appends a sampled token (`max_new_tokens == 0`: the prompt only, nothing is kept)."""
+        if req.sampling_params.max_new_tokens == 0 and not req.output_ids:
+            return
+        req.output_ids.append(token)
+        if samp is not None:
+            samp(req, j)
+        self.num_generated_tokens += 1
+
+    def _forward(self, forward_batch):
+        self.forward_started_at = time.monotonic()
+        try:
+            return self.model_runner.forward(forward_batch)
+        finally:
+            self.forward_started_at = None
+            self.forward_ct += 1
+
     # --- decode --------------------------------------------------------------------------------
     def run_decode(self) -> None:
         batch = ScheduleBatch(self.running_reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        self.in_flight = list(batch.reqs)
         if not batch.check_decode_mem():
             self.retract(batch)
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
         self.running_reqs = batch.reqs
+        self.in_flight = list(batch.reqs)
         if not batch.reqs:
             return
         forward_batch = batch.prepare_for_decode()
         assert forward_batch is not None, "decode memory was checked"
-        logits_output = self.model_runner.forward(forward_batch)
-        self.forward_ct += 1
+        logits_output = self._forward(forward_batch)
         next_ids, samp = self._sample(batch.reqs, logits_output.next_token_logits)
-        finished = []
         for j, req in enumerate(batch.reqs):
-            req.output_ids.append(int(next_ids[j]))
-            if samp is not None:
-                samp(req, j)
+            self._accept_token(req, int(next_ids[j]), samp, j)
             req.check_finished()
             if req.finished():
-                finished.append(req)
                 self.release_kv(req, insert=True)
         self.running_reqs = [r for r in batch.reqs if not r.finished()]
-        if self.model_runner.is_hybrid_swa:
-            self._free_swa_out_of_window(self.running_reqs)
+        self._after_decode(batch.reqs)
         self.emit(batch.reqs)
+
+    def _after_decode(self, reqs: List[Req]) -> None:
+        if self.model_runner.is_hybrid_swa:
+            self._free_swa_out_of_window([r for r in reqs if not r.finished()])
+        self.log_decode_stats()
 
     def _free_swa_out_of_window(self, reqs: List[Req]) -> None:
         """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to.
@@ -432,7 +466,9 @@ class Scheduler:
             return [], None
         info = SamplingBatchInfo.from_reqs(reqs, self.model_config.vocab_size, self.device)
         want = any(r.return_logprob for r in reqs)
-        out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs])
+        token_ids = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
+        out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+                                   token_ids if any(t is not None for t in token_ids) else None)
         if not want:
             return out.next_token_ids.tolist(), None
 
@@ -443,57 +479,11 @@ class Scheduler:
             if req.top_logprobs_num and out.top_logprobs is not None:
                 values, ids = out.top_logprobs[j]
                 req.output_top_logprobs.append(list(zip(values, ids)))
+            if req.token_ids_logprob is not None and out.token_ids_logprobs is not None:
+                values, ids = out.token_ids_logprobs[j]
+                req.output_token_ids_logprobs.append(list(zip(values, ids)))
 
         return out.next_token_ids.tolist(), attach
-
-    # --- introspection -----------------------------------------------------------------------------
-    def flush_cache(self) -> bool:
-        if self.has_work():
-            return False
-        self.tree_cache.reset()
-        self.req_to_token_pool.clear()
-        self.allocator.clear()
-        if self.mamba_pool is not None:
-            self.mamba_pool.clear()
-        return True
-
-    def ready_info(self) -> dict:
-        """What the tokenizer manager learns once the scheduler is up (server_info, limits)."""
-        return {
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "max_running_requests": self.max_running_requests,
-            "max_req_input_len": self.max_req_input_len,
-            "context_len": self.model_config.context_len,
-            "vocab_size": self.model_config.vocab_size,
-            "model_path": self.model_config.model_path,
-            "architecture": self.model_config.architecture,
-            "page_size": self.page_size,
-        }
-
-    def internal_state(self) -> dict:
-        return {
-            "num_waiting_reqs": len(self.waiting_queue),
-            "num_running_reqs": len(self.running_reqs),
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "available_kv_tokens": self.allocator.available_size(),
-            "evictable_kv_tokens": self.tree_cache.evictable_size(),
-            "protected_kv_tokens": self.tree_cache.protected_size(),
-            "available_req_slots": self.req_to_token_pool.available_size(),
-            "available_mamba_slots": self.mamba_pool.available_size() if self.mamba_pool is not None else None,
-            "req_pool_size": self.req_to_token_pool.size,
-            "max_running_requests": self.max_running_requests,
-            "num_retracted_reqs_total": self.num_retracted_total,
-            "num_recomputed_tokens": self.num_recomputed_tokens,
-            "new_token_ratio": self.new_token_ratio,
-            "forward_ct": self.forward_ct,
-            "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
-            "disaggregation": {
-                "mode": self.disagg_mode,
-                **(self.decode_queues.stats() if self.decode_queues else {}),
-                **(self.prefill_queues.stats() if self.prefill_queues else {}),
-            },
-        }
-
 
 def _eos_token_ids(model_config) -> set:
     eos = model_config.hf_config.get("eos_token_id")

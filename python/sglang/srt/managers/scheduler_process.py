@@ -1,8 +1,21 @@
-"""The scheduler subprocess: ZMQ in, `Scheduler.step()`, ZMQ out."""
+"""(Scheduler process.) ZMQ in, `Scheduler.step()`, ZMQ out -- and what happens when something fails.
+
+Containment: an exception caused by one message (a request the scheduler cannot add, a control
+message it cannot answer) fails that request or that reply, not the loop; an exception inside a
+step aborts the requests of the batch that was running (HTTP 500 with the reason) and frees
+their memory (`Scheduler.recover_from_step_error`), and the loop goes on. A fault that keeps
+coming back (`SGLANG_SCHEDULER_MAX_CONSECUTIVE_ERRORS` failed steps in a row, default 8) or that
+recovery itself cannot handle is fatal: the traceback is logged, the parent process is told with
+SIGQUIT (as upstream), and the process exits non-zero, so the whole server goes down instead of
+staying half alive.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
 import traceback
 
 from sglang.srt.managers.io_struct import (
@@ -18,6 +31,10 @@ from sglang.srt.managers.io_struct import (
 logger = logging.getLogger(__name__)
 
 
+def _max_consecutive_errors() -> int:
+    return max(int(os.environ.get("SGLANG_SCHEDULER_MAX_CONSECUTIVE_ERRORS", "8")), 1)
+
+
 class SchedulerLoop:
     def __init__(self, scheduler, port_args):
         import zmq
@@ -31,6 +48,7 @@ class SchedulerLoop:
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
         self.poller = zmq.Poller()
         self.poller.register(self.recv_from_tokenizer, zmq.POLLIN)
+        self.consecutive_errors = 0
 
     def recv_requests(self, block: bool) -> list:
         import zmq
@@ -45,11 +63,19 @@ class SchedulerLoop:
                 return msgs
 
     def handle(self, msg) -> None:
-        s = self.scheduler
         if isinstance(msg, list):
             for m in msg:
                 self.handle(m)
-        elif isinstance(msg, TokenizedGenerateReqInput):
+            return
+        try:
+            self._dispatch(msg)
+        except Exception as e:  # noqa: BLE001 - one message must not stop the loop
+            logger.exception("Scheduler failed to handle a %s", type(msg).__name__)
+            self._fail_message(msg, e)
+
+    def _dispatch(self, msg) -> None:
+        s = self.scheduler
+        if isinstance(msg, TokenizedGenerateReqInput):
             s.add_request(msg)
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid, msg.abort_all)
@@ -60,15 +86,37 @@ class SchedulerLoop:
         else:
             logger.warning("Scheduler got an unknown message: %r", type(msg))
 
-    def run_forever(self) -> None:
+    def _fail_message(self, msg, exc: Exception) -> None:
         s = self.scheduler
+        if isinstance(msg, TokenizedGenerateReqInput):
+            s.reject_request(msg, f"Internal server error while adding the request: {type(exc).__name__}: {exc}")
+        elif isinstance(msg, FlushCacheReqInput):
+            self.send_to_detokenizer.send_pyobj(FlushCacheReqOutput(success=False))
+        elif isinstance(msg, GetInternalStateReq):
+            self.send_to_detokenizer.send_pyobj(GetInternalStateReqOutput(internal_state={"error": repr(exc)}))
+
+    def run_once(self) -> None:
+        s = self.scheduler
+        for msg in self.recv_requests(block=not s.has_work()):
+            self.handle(msg)
+        try:
+            outs = s.step() if s.has_work() else s.take_outputs()
+            self.consecutive_errors = 0
+        except Exception as e:  # noqa: BLE001 - contained below, or fatal after too many
+            self.consecutive_errors += 1
+            logger.error("Scheduler step failed (%d in a row); aborting the batch's requests:\n%s",
+                         self.consecutive_errors, traceback.format_exc())
+            if self.consecutive_errors >= _max_consecutive_errors():
+                raise
+            s.recover_from_step_error(e)
+            outs = s.take_outputs()
+        for out in outs:
+            if out.rids:
+                self.send_to_detokenizer.send_pyobj(out)
+
+    def run_forever(self) -> None:
         while True:
-            for msg in self.recv_requests(block=not s.has_work()):
-                self.handle(msg)
-            outs = s.step() if s.has_work() else s.step_idle()
-            for out in outs:
-                if out.rids:
-                    self.send_to_detokenizer.send_pyobj(out)
+            self.run_once()
 
 
 def run_scheduler_process(server_args, port_args, ready_pipe) -> None:
@@ -86,8 +134,22 @@ def run_scheduler_process(server_args, port_args, ready_pipe) -> None:
         logger.error("Scheduler failed to start:\n%s", msg)
         ready_pipe.send({"error": msg})
         return
+    from sglang.srt.managers.watchdog import SchedulerWatchdog
+
+    SchedulerWatchdog.start_for(scheduler, server_args)
     try:
         loop.run_forever()
-    except Exception:
-        logger.error("Scheduler hit an exception:\n%s", traceback.format_exc())
-        raise
+    except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero
+        logger.error("Scheduler hit an exception: %s", traceback.format_exc())
+        notify_parent_and_exit(1)
+
+
+def notify_parent_and_exit(code: int) -> None:
+    """Upstream's rule for a dead child: SIGQUIT to the parent, which takes the server down."""
+    try:
+        os.kill(os.getppid(), signal.SIGQUIT)
+    except OSError:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,7 +1,12 @@
-"""The front of the engine, in the main process: tokenizes requests, sends them to the
-scheduler, and turns the detokenizer's outputs back into response dicts (streamed or whole).
+"""(Tokenizer/HTTP process.) The front of the engine: validates and tokenizes requests, sends
+them to the scheduler, and turns the detokenizer's outputs back into response dicts (streamed
+or whole).
 
 Both the HTTP server and the offline `Engine` call `generate_request`, so there is one path.
+A request is expanded into one sequence per (prompt, sample) (`request_expansion`); the whole
+request is validated before anything is sent, so a bad entry rejects the request with a 400 and
+nothing runs. Whatever way the caller stops listening (finished, client gone, error), every
+sequence of the request that is still running is aborted in the scheduler and forgotten here.
 """
 
 from __future__ import annotations
@@ -21,19 +26,34 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReq,
     GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
-    new_rid,
 )
+from sglang.srt.managers.request_expansion import expand_request
+from sglang.srt.managers.request_validation import RequestValidator
 
 logger = logging.getLogger(__name__)
+
+class EngineDeadError(RuntimeError):
+    """The scheduler (or detokenizer) process is gone: the server cannot serve (HTTP 503)."""
+
+
+# How often a non-streaming request checks whether its client is still connected.
+DISCONNECT_CHECK_INTERVAL_S = 4.0
 
 
 @dataclasses.dataclass
 class ReqState:
     obj: GenerateReqInput
-    out_list: List[dict]
-    event: asyncio.Event
-    created_time: float
+    group: Optional[str]  # the rid the client gave (aborting it aborts every sequence of the request)
+    out_list: List[dict] = dataclasses.field(default_factory=list)
+    event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    created_time: float = dataclasses.field(default_factory=time.time)
     finished: bool = False
+    input_len: int = 0
+    # Logprobs accumulated over the chunks of a stream (lists of (logprob, token_id)).
+    output_token_logprobs: List[tuple] = dataclasses.field(default_factory=list)
+    output_top_logprobs: List[Any] = dataclasses.field(default_factory=list)
+    input_token_logprobs: Optional[List[tuple]] = None
+    input_top_logprobs: Optional[List[Any]] = None
 
 
 class TokenizerManager:
@@ -52,6 +72,7 @@ class TokenizerManager:
             from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
             self.tokenizer = load_tokenizer(server_args)
+        self.validator = RequestValidator(server_args, self.tokenizer, self.context_len, self.vocab_size)
         self.ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = self.ctx.socket(zmq.PULL)
         self.recv_from_detokenizer.bind(port_args.tokenizer_ipc_name)
@@ -63,163 +84,124 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.gracefully_exit = False
         self.metrics = None  # set by the HTTP server when --enable-metrics
-        self.fake_bootstrap_room_counter = 0  # PD with the fake backend: rooms are local counters
+        self.request_logger = None  # set by the HTTP server when --log-requests
 
     # --- request in ------------------------------------------------------------------------------
-    def _validate_and_tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        if obj.input_ids is not None:
-            input_ids = list(obj.input_ids)
-            text = None
-        else:
-            if self.tokenizer is None:
-                raise ValueError("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-            text = obj.text
-            input_ids = self.tokenizer.encode(text)
-        n = len(input_ids)
-        if n >= self.context_len:
-            raise ValueError(f"The input ({n} tokens) is longer than the model's context length ({self.context_len} tokens).")
-        sp_dict = dict(obj.sampling_params or {})
-        max_new = sp_dict.get("max_new_tokens")
-        if max_new is not None and max_new + n >= self.context_len:
-            raise ValueError(
-                f"Requested token count exceeds the model's maximum context length of {self.context_len} tokens. "
-                f"You requested a total of {max_new + n} tokens: {n} tokens from the input messages and "
-                f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages "
-                f"or the completion to fit within the limit."
-            )
-        try:
-            sp = SamplingParams(**sp_dict)
-        except TypeError as e:
-            raise ValueError(f"Invalid sampling parameters: {e}") from None
-        sp.normalize(self.tokenizer)
-        sp.verify(self.vocab_size)
-        if (
-            self.server_args.disaggregation_mode != "null"
-            and self.server_args.disaggregation_transfer_backend == "fake"
-            and obj.bootstrap_room is None
-        ):
-            obj.bootstrap_room = self.fake_bootstrap_room_counter
-            self.fake_bootstrap_room_counter += 1
-        return TokenizedGenerateReqInput(
-            rid=obj.rid,
-            input_text=text,
-            input_ids=input_ids,
-            sampling_params=sp,
-            return_logprob=bool(obj.return_logprob),
-            logprob_start_len=-1 if obj.logprob_start_len is None else obj.logprob_start_len,
-            top_logprobs_num=obj.top_logprobs_num or 0,
-            stream=obj.stream,
-            bootstrap_host=obj.bootstrap_host,
-            bootstrap_port=obj.bootstrap_port,
-            bootstrap_room=obj.bootstrap_room,
-            priority=obj.priority,
-            extra_key=_combine_extra_key(obj.extra_key, obj.cache_salt),
-        )
-
-    def _expand(self, obj: GenerateReqInput) -> List[GenerateReqInput]:
-        """One entry per (prompt, sample): a batch and/or n > 1 becomes several single requests."""
-        entries = obj.split()
-        out = []
-        for e in entries:
-            sp = dict(e.sampling_params or {})
-            n = sp.pop("n", 1) or 1
-            if n == 1:
-                e.sampling_params = sp
-                e.rid = e.rid or new_rid()
-                out.append(e)
-                continue
-            base = e.rid or new_rid()
-            for k in range(n):
-                c = dataclasses.replace(e, sampling_params=dict(sp), rid=f"{base}_{k}")
-                out.append(c)
-        return out
-
     async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator:
-        """Yields one response dict (or a list of them for a batch); with `stream`, many chunks."""
+        """Yields one response dict (a list of them for a batch or n > 1); with `stream`, many chunks
+        (tagged with their sequence `index` unless the request is one sequence)."""
         self.auto_create_handle_loop()
         if self.dead_reason:
-            raise RuntimeError(self.dead_reason)
+            raise EngineDeadError(self.dead_reason)
         obj.normalize_batch_and_arguments()
-        n = (obj.sampling_params or {}).get("n", 1) if isinstance(obj.sampling_params, dict) else 1
-        entries = self._expand(obj)
-        tokenized = [self._validate_and_tokenize(e) for e in entries]  # reject the whole batch before sending
+        entries = expand_request(obj)
+        tokenized = [self.validator.validate_and_tokenize(e) for e in entries]  # all or nothing
+        group = obj.rid if isinstance(obj.rid, str) else None
+        states = self._register(entries, tokenized, group)
+        try:
+            if obj.is_single and len(states) == 1:
+                async for out in self._wait_one(states[0], request):
+                    yield out
+            elif not obj.stream:
+                yield await self._wait_all(states, request)
+            else:
+                async for out in self._stream_all(states, request):
+                    yield out
+        finally:
+            self._forget(states)
+
+    def _register(self, entries, tokenized, group) -> List[ReqState]:
+        rids = [t.rid for t in tokenized]
+        for rid in rids:
+            if rid in self.rid_to_state or rids.count(rid) > 1:
+                raise ValueError(f"Duplicate request ID detected: {rid}")
         states = []
         for e, t in zip(entries, tokenized):
-            states.append(self._send(e, t))
-        if obj.is_single and (n or 1) == 1:
-            async for out in self._wait_one(entries[0].rid, states[0], request):
-                yield out
-            return
-        if not obj.stream:
-            results = []
-            for e, st in zip(entries, states):
-                last = None
-                async for out in self._wait_one(e.rid, st, request):
-                    last = out
-                results.append(last)
-            yield results
-            return
-        # Streaming a batch: interleave chunks, tagged with their index.
-        queue: asyncio.Queue = asyncio.Queue()
+            state = ReqState(obj=e, group=group, input_len=len(t.input_ids))
+            self.rid_to_state[t.rid] = state
+            states.append(state)
+        self.send_to_scheduler.send_pyobj(tokenized if len(tokenized) > 1 else tokenized[0])
+        for t in tokenized:
+            if self.metrics is not None:
+                self.metrics.on_request_start(len(t.input_ids))
+            if self.request_logger is not None:
+                self.request_logger.on_receive(t)
+        return states
 
-        async def pump(i, rid, st):
+    def _forget(self, states: List[ReqState]) -> None:
+        """The caller stopped listening: abort what still runs, drop the states."""
+        for st in states:
+            rid = st.obj.rid
+            if not st.finished and rid in self.rid_to_state:
+                self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
+            self.rid_to_state.pop(rid, None)
+
+    async def _wait_one(self, state: ReqState, request=None) -> AsyncIterator[dict]:
+        rid = state.obj.rid
+        while True:
             try:
-                async for out in self._wait_one(rid, st, request):
+                await asyncio.wait_for(state.event.wait(), timeout=DISCONNECT_CHECK_INTERVAL_S)
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
+                continue
+            outs, state.out_list = state.out_list, []
+            state.event.clear()
+            for out in outs:
+                if state.obj.stream or (state.finished and out is outs[-1]):
+                    yield out
+            if state.finished:
+                return
+            if request is not None and not state.obj.stream and await request.is_disconnected():
+                raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
+
+    async def _wait_all(self, states: List[ReqState], request) -> List[dict]:
+        results: List[Optional[dict]] = [None] * len(states)
+
+        async def collect(i: int, st: ReqState) -> None:
+            async for out in self._wait_one(st, request):
+                results[i] = out
+
+        await _run_all([collect(i, st) for i, st in enumerate(states)])
+        return results
+
+    async def _stream_all(self, states: List[ReqState], request) -> AsyncIterator[dict]:
+        """Interleaves the chunks of several sequences, each tagged with its index."""
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(i: int, st: ReqState) -> None:
+            try:
+                async for out in self._wait_one(st, request):
                     out["index"] = i
                     await queue.put(out)
             finally:
-                await queue.put(None)
+                await queue.put(done)
 
-        tasks = [asyncio.create_task(pump(i, e.rid, st)) for i, (e, st) in enumerate(zip(entries, states))]
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield item
-
-    def _send(self, obj: GenerateReqInput, tokenized: TokenizedGenerateReqInput) -> ReqState:
-        state = ReqState(obj=obj, out_list=[], event=asyncio.Event(), created_time=time.time())
-        if tokenized.rid in self.rid_to_state:
-            raise ValueError(f"Duplicate request ID: {tokenized.rid}")
-        self.rid_to_state[tokenized.rid] = state
-        self.send_to_scheduler.send_pyobj(tokenized)
-        if self.metrics is not None:
-            self.metrics.on_request_start(len(tokenized.input_ids))
-        return state
-
-    async def _wait_one(self, rid: str, state: ReqState, request=None) -> AsyncIterator[dict]:
+        tasks = [asyncio.ensure_future(pump(i, st)) for i, st in enumerate(states)]
         try:
-            while True:
-                try:
-                    await asyncio.wait_for(state.event.wait(), timeout=4)
-                except asyncio.TimeoutError:
-                    if request is not None and await request.is_disconnected():
-                        self.abort_request(rid)
-                        raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is done:
+                    remaining -= 1
                     continue
-                outs, state.out_list = state.out_list, []
-                state.event.clear()
-                for out in outs:
-                    if state.obj.stream or state.finished and out is outs[-1]:
-                        yield out
-                if state.finished:
-                    return
-                if request is not None and await request.is_disconnected():
-                    self.abort_request(rid)
-                    raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
+                yield item
+            for t in tasks:
+                t.result()  # re-raise a pump's error
         finally:
-            if not state.finished:
-                self.abort_request(rid)
-            self.rid_to_state.pop(rid, None)
+            for t in tasks:
+                t.cancel()
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        if not abort_all and rid not in self.rid_to_state:
+        """Aborts the sequence `rid`, or every sequence of the request the client called `rid`
+        (a batch or `n > 1` has rids `rid_0 ... rid_{k}`); exact matches only."""
+        if abort_all:
+            self.send_to_scheduler.send_pyobj(AbortReq(rid="", abort_all=True))
             return
-        self.send_to_scheduler.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+        for r, st in list(self.rid_to_state.items()):
+            if r == rid or (st.group is not None and st.group == rid):
+                self.send_to_scheduler.send_pyobj(AbortReq(rid=r))
 
     # --- outputs back --------------------------------------------------------------------------------
     def auto_create_handle_loop(self) -> None:
@@ -234,20 +216,32 @@ class TokenizerManager:
                     return
                 continue
             msg = await self.recv_from_detokenizer.recv_pyobj()
-            if isinstance(msg, BatchStrOutput):
-                self._handle_batch_output(msg)
-            else:
-                for fut in self.control_waiters.pop(type(msg), []):
-                    if not fut.done():
-                        fut.set_result(msg)
+            try:
+                if isinstance(msg, BatchStrOutput):
+                    self._handle_batch_output(msg)
+                else:
+                    for fut in self.control_waiters.pop(type(msg), []):
+                        if not fut.done():
+                            fut.set_result(msg)
+            except Exception:  # noqa: BLE001 - one bad output must not stop every other request
+                logger.exception("TokenizerManager failed to handle a %s; its requests are aborted.", type(msg).__name__)
+                for rid in getattr(msg, "rids", []) or []:
+                    self._fail(rid, "Internal server error while handling the request's output.", 500)
 
     def _on_scheduler_death(self) -> None:
         self.dead_reason = "The scheduler process died; the server cannot serve requests. Check the server log."
         logger.error(self.dead_reason)
-        for rid, st in list(self.rid_to_state.items()):
-            st.out_list.append(self._abort_output(rid, st, self.dead_reason, 500))
-            st.finished = True
-            st.event.set()
+        for rid in list(self.rid_to_state):
+            self._fail(rid, self.dead_reason, 500)
+
+    def _fail(self, rid: str, message: str, status_code: int) -> None:
+        st = self.rid_to_state.get(rid)
+        if st is None or st.finished:
+            return
+        st.out_list.append(self._abort_output(rid, st, message, status_code))
+        st.finished = True
+        st.event.set()
+        self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
 
     def _abort_output(self, rid, st, message, status_code) -> dict:
         return {
@@ -256,11 +250,11 @@ class TokenizerManager:
             "meta_info": {
                 "id": rid,
                 "finish_reason": {"type": "abort", "message": message, "status_code": status_code, "err_type": None},
-                "prompt_tokens": 0,
+                "prompt_tokens": st.input_len,
                 "completion_tokens": 0,
                 "cached_tokens": 0,
                 "num_retractions": 0,
-                "weight_version": "default",
+                "weight_version": self.server_args.weight_version,
                 "e2e_latency": time.time() - st.created_time,
             },
         }
@@ -268,7 +262,7 @@ class TokenizerManager:
     def _handle_batch_output(self, out: BatchStrOutput) -> None:
         for i, rid in enumerate(out.rids):
             st = self.rid_to_state.get(rid)
-            if st is None:
+            if st is None or st.finished:
                 continue
             reason = out.finished_reasons[i]
             meta = {
@@ -278,31 +272,32 @@ class TokenizerManager:
                 "completion_tokens": out.completion_tokens[i],
                 "cached_tokens": out.cached_tokens[i],
                 "num_retractions": out.retraction_counts[i],
-                "weight_version": "default",
+                "weight_version": self.server_args.weight_version,
             }
             if st.obj.return_logprob:
                 self._add_logprobs(meta, st, out, i)
+            item = {"text": out.output_strs[i], "output_ids": list(out.output_ids[i]), "meta_info": meta}
+            if self.server_args.skip_tokenizer_init:
+                item.pop("text")
             if reason is not None:
                 meta["e2e_latency"] = time.time() - st.created_time
                 st.finished = True
                 if self.metrics is not None:
-                    self.metrics.on_request_finish(out.prompt_tokens[i], out.completion_tokens[i], out.cached_tokens[i], meta["e2e_latency"])
+                    self.metrics.on_request_finish(out.prompt_tokens[i], out.completion_tokens[i], out.cached_tokens[i],
+                                                   meta["e2e_latency"])
+                if self.request_logger is not None:
+                    self.request_logger.on_finish(st.obj, item)
             elif self.metrics is not None:
                 self.metrics.on_tokens(rid, out.completion_tokens[i])
-            item = {"text": out.output_strs[i], "output_ids": list(out.output_ids[i]), "meta_info": meta}
-            if self.server_args.skip_tokenizer_init:
-                item.pop("text")
             st.out_list.append(item)
             st.event.set()
 
     def _add_logprobs(self, meta: dict, st: ReqState, out: BatchStrOutput, i: int) -> None:
-        acc = st.__dict__.setdefault("_logprobs", {"output_token_logprobs": [], "output_top_logprobs": [],
-                                                   "input_token_logprobs": None, "input_top_logprobs": None})
-        acc["output_token_logprobs"].extend(out.output_token_logprobs[i] or [])
-        acc["output_top_logprobs"].extend(out.output_top_logprobs[i] or [])
+        st.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
+        st.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
         if out.input_token_logprobs[i] is not None:
-            acc["input_token_logprobs"] = out.input_token_logprobs[i]
-            acc["input_top_logprobs"] = out.input_top_logprobs[i]
+            st.input_token_logprobs = out.input_token_logprobs[i]
+            st.input_top_logprobs = out.input_top_logprobs[i]
         with_text = st.obj.return_text_in_logprobs
 
         def fmt(pairs):
@@ -310,11 +305,11 @@ class TokenizerManager:
                 return []
             return [[lp, tid, self._tok_text(tid) if with_text else None] for lp, tid in pairs]
 
-        meta["input_token_logprobs"] = fmt(acc["input_token_logprobs"])
-        meta["output_token_logprobs"] = fmt(acc["output_token_logprobs"])
-        meta["output_token_logprobs_length"] = len(acc["output_token_logprobs"])
-        meta["input_top_logprobs"] = [fmt(t) if t else None for t in (acc["input_top_logprobs"] or [])]
-        meta["output_top_logprobs"] = [fmt(t) if t else None for t in acc["output_top_logprobs"]]
+        meta["input_token_logprobs"] = fmt(st.input_token_logprobs)
+        meta["output_token_logprobs"] = fmt(st.output_token_logprobs)
+        meta["output_token_logprobs_length"] = len(st.output_token_logprobs)
+        meta["input_top_logprobs"] = [fmt(t) if t else None for t in (st.input_top_logprobs or [])]
+        meta["output_top_logprobs"] = [fmt(t) if t else None for t in st.output_top_logprobs]
 
     def _tok_text(self, tid):
         return self.tokenizer.decode([tid]) if self.tokenizer is not None else None
@@ -335,7 +330,12 @@ class TokenizerManager:
         return out.internal_state
 
 
-def _combine_extra_key(extra_key, cache_salt):
-    if extra_key is None and cache_salt is None:
-        return None
-    return f"{extra_key or ''}|{cache_salt or ''}"
+async def _run_all(coros) -> None:
+    """Runs coroutines concurrently; the first error cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()

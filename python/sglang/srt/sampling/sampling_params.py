@@ -15,6 +15,7 @@ so the sampler only ever sees positive top-k values and positive temperatures.
 from __future__ import annotations
 
 import math
+import re
 import re._constants as _sre_constants
 import re._parser as _sre_parser
 from typing import Any, Dict, List, Optional, Union
@@ -102,6 +103,45 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.top_k <= 1
+
+    def check_types(self) -> None:
+        """Rejects values of the wrong JSON type (a raw `/generate` dict can hold anything) before
+        `normalize` and `verify` compute with them; ValueError with the field's name."""
+        for name in ("max_new_tokens", "sampling_seed", "stream_interval"):
+            v = getattr(self, name)
+            if v is not None and not _is_int(v):
+                raise ValueError(f"{name} must be an integer, got {v!r}.")
+        for name in ("min_new_tokens", "top_k", "n"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}.")
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            if not _is_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}.")
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
+        for name, value in (("stop", self.stop_strs), ("stop_regex", self.stop_regex_strs)):
+            if value is not None and not isinstance(value, str) and not (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)
+            ):
+                raise ValueError(f"{name} must be a string or a list of strings, got {value!r}.")
+        if self.stop_token_ids is not None and not all(_is_int(t) for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {sorted(map(repr, self.stop_token_ids))}.")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(_is_number(v) for v in self.logit_bias.values()):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}.")
+            for key in self.logit_bias:
+                try:
+                    int(key)
+                except (TypeError, ValueError):
+                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise ValueError(f"custom_params must be an object, got {self.custom_params!r}.")
+        for regex in ([self.stop_regex_strs] if isinstance(self.stop_regex_strs, str) else self.stop_regex_strs or []):
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(f"Invalid stop_regex {regex!r}: {e}.") from None
 
     def verify(self, vocab_size: int) -> None:
         """Rejects out-of-range values with upstream's messages (ValueError)."""
@@ -191,6 +231,10 @@ class SamplingParams:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def get_max_seq_length(regex_str: str) -> int:

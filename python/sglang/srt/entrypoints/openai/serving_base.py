@@ -21,6 +21,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from fastapi.responses import JSONResponse
 
+from sglang.srt.managers.request_validation import STRUCTURED_OUTPUT_UNSUPPORTED
+from sglang.srt.managers.tokenizer_manager import EngineDeadError
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionTokenLogprob,
     ChoiceLogprobs,
@@ -32,10 +34,6 @@ from sglang.srt.entrypoints.openai.protocol import (
 
 logger = logging.getLogger(__name__)
 
-STRUCTURED_OUTPUT_UNSUPPORTED = (
-    "Structured output (regex, json_schema, ebnf, structural_tag, response_format json_object/json_schema) "
-    "is not supported by this server yet."
-)
 # Generation-config keys used as sampling defaults when a request leaves them unset
 # (upstream's default `--sampling-defaults model`).
 _MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -331,7 +329,7 @@ class OpenAIServingBase:
             first = await first_output(agen)
         except ValueError as e:
             return create_error_response(str(e))
-        except RuntimeError as e:  # the engine died (TokenizerManager.dead_reason)
+        except EngineDeadError as e:
             return create_error_response(str(e), err_type="ServiceUnavailable", status_code=503)
         except Exception as e:  # noqa: BLE001 - the client gets a 500, the log the traceback
             logger.exception("Error in request: %s", e)
@@ -348,7 +346,11 @@ class OpenAIServingBase:
         aborted = abort_error(outputs)
         if aborted is not None:
             return error_from_abort(aborted)
-        response = self._build_response(request, outputs)
+        try:
+            response = self._build_response(request, outputs)
+        except Exception as e:  # noqa: BLE001
+            logger.exception("Error building a response: %s", e)
+            return create_error_response(f"Internal server error: {e}", err_type="InternalServerError", status_code=500)
         return Response(content=response.model_dump_json(), media_type="application/json")
 
     async def _sse(self, request, first, agen):
@@ -358,6 +360,9 @@ class OpenAIServingBase:
                 yield chunk
         except ValueError as e:
             yield f"data: {create_streaming_error_response(str(e))}\n\n"
+        except Exception as e:  # noqa: BLE001 - the stream ends with an error event, not a cut connection
+            logger.exception("Error in a stream: %s", e)
+            yield f"data: {create_streaming_error_response(f'Internal server error: {e}', 'InternalServerError', 500)}\n\n"
         finally:
             await outputs.aclose()
         yield "data: [DONE]\n\n"

@@ -1,0 +1,173 @@
+"""(Tokenizer/HTTP process.) One sequence of a request -> a `TokenizedGenerateReqInput`, or a
+`ValueError` whose text the client gets as a 400.
+
+Everything a client can get wrong is checked here, before the request reaches the scheduler:
+token ids outside the vocabulary (they would index past the embedding table), prompts longer
+than the context (or truncated with `--allow-auto-truncate`), sampling values, logprob options,
+fields whose feature this server does not have, and the PD bootstrap fields a role needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+from sglang.srt.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
+
+logger = logging.getLogger(__name__)
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # same value as disaggregation.utils (which imports torch)
+STRUCTURED_OUTPUT_UNSUPPORTED = (
+    "Structured output (regex, json_schema, ebnf, structural_tag, response_format json_object/json_schema) "
+    "is not supported by this server yet."
+)
+CUSTOM_LOGIT_PROCESSOR_UNSUPPORTED = (
+    "custom_logit_processor is not supported by this server yet (upstream needs "
+    "--enable-custom-logit-processor for it)."
+)
+
+
+class RequestValidator:
+    def __init__(self, server_args, tokenizer, context_len: int, vocab_size: int):
+        self.server_args = server_args
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.vocab_size = vocab_size
+        self.disagg_mode = server_args.disaggregation_mode
+        self.fake_transfer = server_args.disaggregation_transfer_backend == "fake"
+        self.fake_bootstrap_room_counter = 0  # PD with the fake backend: rooms are local counters
+
+    def validate_and_tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        input_ids, text = self._input_ids(obj)
+        sp_dict = dict(obj.sampling_params or {})
+        input_ids = self._check_lengths(input_ids, sp_dict)
+        try:
+            sp = SamplingParams(**sp_dict)
+        except TypeError as e:  # an unknown key (upstream's own TypeError text) or an unhashable value
+            raise ValueError(f"Invalid sampling parameters: {e}") from None
+        sp.check_types()
+        if any(v is not None for v in (sp.json_schema, sp.regex, sp.ebnf, sp.structural_tag)):
+            raise ValueError(STRUCTURED_OUTPUT_UNSUPPORTED)
+        sp.normalize(self.tokenizer)
+        sp.verify(self.vocab_size)
+        if obj.custom_logit_processor:
+            raise ValueError(CUSTOM_LOGIT_PROCESSOR_UNSUPPORTED)
+        logprob_start_len = -1 if obj.logprob_start_len is None else obj.logprob_start_len
+        top_logprobs_num = obj.top_logprobs_num or 0
+        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be a non-negative integer, got {top_logprobs_num!r}.")
+        if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, got {logprob_start_len!r}.")
+        token_ids_logprob = self._token_ids_logprob(obj.token_ids_logprob)
+        self._check_bootstrap(obj)
+        return TokenizedGenerateReqInput(
+            rid=obj.rid,
+            input_text=text,
+            input_ids=input_ids,
+            sampling_params=sp,
+            return_logprob=bool(obj.return_logprob),
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            token_ids_logprob=token_ids_logprob,
+            stream=obj.stream,
+            bootstrap_host=obj.bootstrap_host,
+            bootstrap_port=obj.bootstrap_port,
+            bootstrap_room=obj.bootstrap_room,
+            priority=obj.priority,
+            extra_key=_combine_extra_key(obj.extra_key, obj.cache_salt),
+        )
+
+    # --- prompt ----------------------------------------------------------------------------------
+    def _input_ids(self, obj: GenerateReqInput):
+        if obj.input_embeds is not None:
+            raise ValueError("input_embeds is not supported by this server yet: send text or input_ids.")
+        if obj.input_ids is not None:
+            ids = list(obj.input_ids)
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"The input_ids {bad[:8]} contain values outside the vocabulary [0, {self.vocab_size})."
+                )
+            text = None
+        else:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please "
+                    "provide input_ids or re-initialize the engine with skip_tokenizer_init=False."
+                )
+            text = obj.text
+            if not isinstance(text, str):
+                raise ValueError(f"text must be a string (or a list of strings), got {type(text).__name__}.")
+            ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ValueError("The input is empty: at least one token is required.")
+        return ids, text
+
+    def _check_lengths(self, input_ids: List[int], sp_dict: dict) -> List[int]:
+        n, ctx = len(input_ids), self.context_len
+        truncate = self.server_args.allow_auto_truncate
+        if n >= ctx:
+            if not truncate:
+                raise ValueError(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens).")
+            logger.warning(
+                "The input (%d tokens) is longer than the model's context length (%d tokens). Truncating the input.",
+                n, ctx,
+            )
+            input_ids = input_ids[: ctx - 1]
+            n = len(input_ids)
+        max_new = sp_dict.get("max_new_tokens")
+        if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new + n >= ctx:
+            if truncate:
+                logger.warning(
+                    "Requested token count exceeds the model's maximum context length of %d tokens; max_new_tokens "
+                    "is reduced from %d to %d.", ctx, max_new, max(0, ctx - 1 - n),
+                )
+                sp_dict["max_new_tokens"] = max(0, ctx - 1 - n)
+            else:
+                raise ValueError(
+                    f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                    f"You requested a total of {max_new + n} tokens: {n} tokens from the input messages and "
+                    f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages "
+                    f"or the completion to fit within the limit."
+                )
+        return input_ids
+
+    def _token_ids_logprob(self, value) -> Optional[List[int]]:
+        if value is None or value == []:
+            return None
+        if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
+            raise ValueError(f"token_ids_logprob must be a list of token ids, got {value!r}.")
+        bad = [t for t in value if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token_ids_logprob {bad[:8]} contains ids outside the vocabulary [0, {self.vocab_size}).")
+        return list(value)
+
+    # --- PD ----------------------------------------------------------------------------------------
+    def _check_bootstrap(self, obj: GenerateReqInput) -> None:
+        if self.disagg_mode == "null":
+            return
+        if self.fake_transfer and obj.bootstrap_room is None:
+            obj.bootstrap_room = self.fake_bootstrap_room_counter
+            self.fake_bootstrap_room_counter += 1
+        host, port = obj.bootstrap_host, obj.bootstrap_port
+        if host is not None and not isinstance(host, str):
+            raise ValueError(f"bootstrap_host must be a string, got {host!r}.")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"bootstrap_port must be a TCP port number, got {port!r}.")
+        local = host is None or host == FAKE_BOOTSTRAP_HOST
+        if self.disagg_mode == "decode" and host is None and not self.fake_transfer:
+            raise ValueError(
+                "This is a PD decode server (--disaggregation-mode decode): a request needs bootstrap_host, "
+                "bootstrap_port and bootstrap_room to find its prefill server; the router adds them. Send the "
+                "request through the router (or set bootstrap_host to 2.2.2.2 to prefill it on this server)."
+            )
+        if not local and obj.bootstrap_room is None:
+            raise ValueError("bootstrap_room is required when bootstrap_host is set (the router adds both).")
+
+
+def _combine_extra_key(extra_key, cache_salt):
+    if extra_key is None and cache_salt is None:
+        return None
+    return f"{extra_key or ''}|{cache_salt or ''}"

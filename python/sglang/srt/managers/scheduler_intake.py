@@ -1,0 +1,192 @@
+"""(Scheduler process.) Requests in and out of the scheduler's queues without running a batch:
+admission (limits, truncation, queue capacity), rejection of a request the scheduler could not
+add, aborts (exact rid), and upstream's waiting/running time limits.
+
+A mixin of `Scheduler` (it reads the scheduler's queues and pools); kept apart so that
+`scheduler.py` is about batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import List, Optional
+
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
+
+logger = logging.getLogger(__name__)
+
+# Upstream's user-visible texts.
+ABORT_IN_QUEUE_MESSAGE = "Abort in waiting queue"
+ABORT_RUNNING_MESSAGE = "Aborted"
+QUEUE_FULL_MESSAGE = "The request queue is full."
+QUEUED_TIMEOUT_MESSAGE = "Request waiting timeout reached."
+RUNNING_TIMEOUT_MESSAGE = "Request running timeout reached."
+
+
+def _env_seconds(name: str, legacy_ms_name: Optional[str] = None) -> Optional[float]:
+    """A positive time limit in seconds from `name`, else from the deprecated `legacy_ms_name` (ms)."""
+    raw = os.environ.get(name)
+    if raw is None and legacy_ms_name and os.environ.get(legacy_ms_name) is not None:
+        logger.warning("Environment variable %s (in ms) is deprecated, please use %s (in seconds) instead",
+                       legacy_ms_name, name)
+        raw = str(float(os.environ[legacy_ms_name]) / 1000.0)
+    if raw is None:
+        return None
+    value = float(raw)
+    return value if value > 0 else None
+
+
+def waiting_timeout_s() -> Optional[float]:
+    return _env_seconds("SGLANG_REQ_WAITING_TIMEOUT", "SGLANG_QUEUED_TIMEOUT_MS")
+
+
+def running_timeout_s() -> Optional[float]:
+    return _env_seconds("SGLANG_REQ_RUNNING_TIMEOUT", "SGLANG_FORWARD_TIMEOUT_MS")
+
+
+class SchedulerIntakeMixin:
+    # --- requests in -------------------------------------------------------------------------
+    def _new_req(self, recv: TokenizedGenerateReqInput) -> Req:
+        req = Req(
+            rid=recv.rid,
+            origin_input_text=recv.input_text,
+            origin_input_ids=recv.input_ids,
+            sampling_params=recv.sampling_params,
+            eos_token_ids=self.eos_token_ids,
+            return_logprob=recv.return_logprob,
+            logprob_start_len=recv.logprob_start_len,
+            top_logprobs_num=recv.top_logprobs_num,
+            stream=recv.stream,
+            extra_key=recv.extra_key,
+            priority=recv.priority,
+            vocab_size=self.model_config.vocab_size,
+            token_ids_logprob=recv.token_ids_logprob,
+        )
+        req.tokenizer = self.tokenizer
+        return req
+
+    def add_request(self, recv: TokenizedGenerateReqInput) -> Req:
+        req = self._new_req(recv)
+        try:
+            self._admit(req, recv)
+        except Exception:
+            self._unqueue(req)
+            raise
+        return req
+
+    def _admit(self, req: Req, recv: TokenizedGenerateReqInput) -> None:
+        n = len(req.origin_input_ids)
+        if n == 0:
+            req.to_abort = FINISH_ABORT("The input is empty: at least one token is required.", 400, "BadRequestError")
+        elif n >= self.max_req_input_len:
+            if self.server_args.allow_auto_truncate:
+                logger.warning("Request length is longer than the KV cache pool size or the max context length. "
+                               "Truncated. len(req.origin_input_ids)=%d, max_req_input_len=%d",
+                               n, self.max_req_input_len)
+                req.origin_input_ids = req.origin_input_ids[: self.max_req_input_len]
+            else:
+                req.to_abort = FINISH_ABORT(
+                    f"Input length ({n} tokens) exceeds the maximum allowed length "
+                    f"({self.max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate.",
+                    400,
+                    "BadRequestError",
+                )
+        sp = req.sampling_params
+        sp.max_new_tokens = min(sp.max_new_tokens if sp.max_new_tokens is not None else 1 << 30,
+                                self.max_req_len - len(req.origin_input_ids) - 1)
+        if req.to_abort is None and self.queue_is_full():
+            req.to_abort = FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable")
+        if req.to_abort is not None:
+            self._finish_unscheduled(req)
+        elif self.decode_queues is not None:
+            self.decode_queues.add(req, recv)
+        elif self.prefill_queues is not None:
+            self.prefill_queues.add(req, recv)
+        else:
+            self.waiting_queue.append(req)
+
+    def queue_is_full(self) -> bool:
+        """--max-queued-requests (plain servers only, as upstream: PD roles have their own queues)."""
+        limit = self.server_args.max_queued_requests
+        return limit is not None and self.disagg_mode == "null" and len(self.waiting_queue) >= limit
+
+    def reject_request(self, recv: TokenizedGenerateReqInput, message: str) -> None:
+        """A request that could not be added (a bug on our side): abort it with a 500."""
+        for req in self._all_reqs():
+            if req.rid == recv.rid:
+                self._unqueue(req)
+                req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
+                self._release_after_error(req)
+                self.emit([req])
+                return
+        req = self._new_req(recv)
+        req.finished_reason = FINISH_ABORT(message, 500, "InternalServerError")
+        self.emit([req])
+
+    def _all_reqs(self) -> List[Req]:
+        reqs = list(self.waiting_queue) + list(self.running_reqs) + ([self.chunked_req] if self.chunked_req else [])
+        for queues in (self.decode_queues, self.prefill_queues):
+            if queues is not None:
+                reqs += queues.all_reqs()
+        return reqs
+
+    def _unqueue(self, req: Req) -> None:
+        for queue in (self.waiting_queue, self.running_reqs):
+            if req in queue:
+                queue.remove(req)
+        if req is self.chunked_req:
+            self.chunked_req = None
+        for queues in (self.decode_queues, self.prefill_queues):
+            if queues is not None:
+                queues.remove(req)
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Aborts the request `rid` (exact match; the tokenizer expands a client rid to its sequences)."""
+
+        def hit(r):
+            return abort_all or r.rid == rid
+
+        for req in [r for r in self.waiting_queue if hit(r)]:
+            self.waiting_queue.remove(req)
+            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+            self.release_kv(req)  # a retracted request re-queued on a plain server holds nothing; this is safe
+            self._finish_unscheduled(req)
+        for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
+            if hit(req) and req.to_abort is None:
+                req.to_abort = FINISH_ABORT(ABORT_RUNNING_MESSAGE)
+        for queues in (self.decode_queues, self.prefill_queues):
+            if queues is not None:
+                queues.abort(hit)
+
+    def abort_timed_out(self) -> None:
+        """SGLANG_QUEUED_TIMEOUT_MS (waiting) and SGLANG_REQ_RUNNING_TIMEOUT (running), as upstream."""
+        now = time.monotonic()
+        if self.waiting_timeout_s is not None:
+            for req in [r for r in self.waiting_queue if now - r.queue_time_start > self.waiting_timeout_s]:
+                self.waiting_queue.remove(req)
+                req.to_abort = FINISH_ABORT(QUEUED_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
+                self.release_kv(req)
+                self._finish_unscheduled(req)
+        if self.running_timeout_s is not None:
+            for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
+                started = req.forward_entry_time
+                if req.to_abort is None and started is not None and now - started > self.running_timeout_s:
+                    req.to_abort = FINISH_ABORT(RUNNING_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
+
+    def _finish_unscheduled(self, req: Req) -> None:
+        req.finished_reason = req.to_abort
+        self._release_transfer(req)
+        self.emit([req])
+
+    def _release_transfer(self, req: Req) -> None:
+        """An aborted PD prefill request gives up its sender and metadata row."""
+        if self.prefill_queues is not None and getattr(req, "kv_sender", None) is not None:
+            req.kv_sender.abort()
+            if req.metadata_idx is not None:
+                self.prefill_queues.metadata_allocator.free(req.metadata_idx)
+                req.metadata_idx = None
+            req.kv_sender = None
+

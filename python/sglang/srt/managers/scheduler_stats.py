@@ -1,0 +1,111 @@
+"""(Scheduler process.) What the scheduler tells the outside about itself: upstream's periodic
+log lines ("Prefill batch. ...", "Decode batch. #running-req: N, ..." every
+`--decode-log-interval` decode steps; upstream's tools parse them), the start-up info, and the
+internal state that `/server_info` and `/metrics` read.
+
+A mixin of `Scheduler`; kept apart so that `scheduler.py` is about batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger("sglang.srt.managers.scheduler")
+
+
+class SchedulerStatsMixin:
+    def init_stats(self) -> None:
+        self.num_generated_tokens = 0
+        self.decode_steps_since_log = 0
+        self.last_decode_log_time = time.perf_counter()
+        self.last_gen_throughput = 0.0
+
+    def _token_usage(self):
+        used = self.max_total_num_tokens - (self.allocator.available_size() + self.tree_cache.evictable_size())
+        return used, used / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
+
+    def log_prefill_stats(self, reqs, adder) -> None:
+        new_tokens = sum(r.extend_input_len for r in reqs)
+        cached = sum(len(r.prefix_indices) for r in reqs)
+        _, usage = self._token_usage()
+        msg = (f"Prefill batch. #new-seq: {len(reqs)}, #new-token: {new_tokens}, #cached-token: {cached}, "
+               f"token usage: {usage:.2f}, #running-req: {len(self.running_reqs)}, "
+               f"#queue-req: {len(self.waiting_queue)}, ")
+        if self.prefill_queues is not None:
+            st = self.prefill_queues.stats()
+            msg += f"#prealloc-req: {st['num_bootstrap_queue_reqs']}, #inflight-req: {st['num_inflight_queue_reqs']}, "
+        graph = "cpu graph" if self.device == "cpu" else "cuda graph"
+        logger.info(msg + f"{graph}: False")
+
+    def log_decode_stats(self) -> None:
+        self.decode_steps_since_log += 1
+        interval = max(int(self.server_args.decode_log_interval or 1), 1)
+        if self.decode_steps_since_log % interval:
+            return
+        now = time.perf_counter()
+        gap = max(now - self.last_decode_log_time, 1e-9)
+        self.last_gen_throughput = self.num_generated_tokens / gap
+        self.num_generated_tokens = 0
+        self.last_decode_log_time = now
+        used, usage = self._token_usage()
+        msg = f"Decode batch. #running-req: {len(self.running_reqs)}, #token: {used}, token usage: {usage:.2f}, "
+        if self.decode_queues is not None:
+            st = self.decode_queues.stats()
+            msg += (f"pre-allocated usage: {st['pre_allocated_tokens'] / self.max_total_num_tokens:.2f}, "
+                    f"#prealloc-req: {st['num_prealloc_queue_reqs']}, #transfer-req: {st['num_transfer_queue_reqs']}, "
+                    f"#retracted-req: {st['num_retracted_queue_reqs']}, ")
+        graph = "cpu graph" if self.device == "cpu" else "cuda graph"
+        logger.info(msg + f"{graph}: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+                    f"#queue-req: {len(self.waiting_queue)}")
+
+    # --- introspection -----------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        if self.has_work():
+            return False
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        if self.mamba_pool is not None:
+            self.mamba_pool.clear()
+        return True
+
+    def ready_info(self) -> dict:
+        """What the tokenizer manager learns once the scheduler is up (server_info, limits)."""
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "max_req_input_len": self.max_req_input_len,
+            "context_len": self.model_config.context_len,
+            "vocab_size": self.model_config.vocab_size,
+            "model_path": self.model_config.model_path,
+            "architecture": self.model_config.architecture,
+            "page_size": self.page_size,
+        }
+
+    def internal_state(self) -> dict:
+        return {
+            "num_waiting_reqs": len(self.waiting_queue),
+            "num_running_reqs": len(self.running_reqs),
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "available_kv_tokens": self.allocator.available_size(),
+            "evictable_kv_tokens": self.tree_cache.evictable_size(),
+            "protected_kv_tokens": self.tree_cache.protected_size(),
+            "available_req_slots": self.req_to_token_pool.available_size(),
+            "available_mamba_slots": self.mamba_pool.available_size() if self.mamba_pool is not None else None,
+            "mamba_pool_size": self.mamba_pool.size if self.mamba_pool is not None else None,
+            "req_pool_size": self.req_to_token_pool.size,
+            "max_running_requests": self.max_running_requests,
+            "num_retracted_reqs_total": self.num_retracted_total,
+            "num_recomputed_tokens": self.num_recomputed_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            "forward_ct": self.forward_ct,
+            "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
+            "disaggregation": {
+                "mode": self.disagg_mode,
+                **(self.decode_queues.stats() if self.decode_queues else {}),
+                **(self.prefill_queues.stats() if self.prefill_queues else {}),
+            },
+        }
+
+
