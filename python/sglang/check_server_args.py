@@ -17,6 +17,7 @@ import os
 import sys
 from typing import List, Optional
 
+from sglang.srt.server_args_compat import NO_EFFECT_WARNING, no_effect_settings
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.server_args_resolution import infer_decode_retraction_backup
 
@@ -106,6 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         backup_source = f"auto: {reason}"
     shown = backup if backup is not None else "undetermined"
     out.append(f"  disaggregation_decode_retraction_backup = {shown!r}  [{backup_source}]")
+    ignored = no_effect_settings(sa)
+    if ignored:
+        out.append(f"warning: {NO_EFFECT_WARNING}: {', '.join(ignored)}")
     print("\n".join(out))
     return 0
 

@@ -44,6 +44,9 @@ __all__ = ["ServerArgs", "PortArgs", "prepare_server_args", "ServerArgsAssertion
 ZMQ_TCP_PORT_DELTA = 233
 
 FALLBACK_SOURCE = "fallback"
+# Never echoed back: the start-up log line and /server_info show REDACTED instead.
+SECRET_FIELDS = ("api_key",)
+REDACTED = "<redacted>"
 
 
 class _ResolvingView:
@@ -174,11 +177,22 @@ class ServerArgs(
     def resolution_result(self, field: str) -> Any:
         return getattr(self, field)
 
-    def resolved_dict(self) -> Dict[str, Any]:
-        """All public fields with their resolved values (what `/server_info` reports)."""
+    def resolved_dict(self, redact: bool = True) -> Dict[str, Any]:
+        """All public fields with their resolved values (what `/server_info` reports); secrets
+        (`SECRET_FIELDS`) read "<redacted>" unless `redact=False`."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
         out["enable_dp_attention"] = self.attn_dp_size > 1
+        if redact:
+            for name in SECRET_FIELDS:
+                if out.get(name):
+                    out[name] = REDACTED
         return out
+
+    def __repr__(self) -> str:
+        """As the dataclass repr (upstream logs `server_args=ServerArgs(...)` at start), secrets redacted."""
+        fields = self.resolved_dict()
+        fields.pop("enable_dp_attention", None)
+        return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
     def explain(self, only_changed: bool = True) -> str:
         """Human-readable provenance: one line per field that a rule declared or the user set."""
@@ -224,10 +238,50 @@ class ServerArgs(
             default=None,
             help="Read arguments from a YAML file (keys are argument names with - or _); command-line flags override it.",
         )
+        add_upstream_only_flags(parser)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
-        return cls(**namespace_to_kwargs(cls, args))
+        sa = cls(**namespace_to_kwargs(cls, args))
+        ignored = {k[len(UPSTREAM_DEST_PREFIX):]: v for k, v in vars(args).items()
+                   if k.startswith(UPSTREAM_DEST_PREFIX) and v is not None}
+        object.__setattr__(sa, "ignored_upstream_args", ignored)
+        return sa
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+        """`ServerArgs(**kwargs)` that also accepts upstream-only field names (`Engine(**kwargs)`):
+        those are kept in `ignored_upstream_args` and reported as having no effect."""
+        from sglang.srt.server_args_upstream_flags import UPSTREAM_ONLY_FLAGS
+
+        ignored = {k: kwargs.pop(k) for k in list(kwargs) if k not in _FIELD_NAMES and k in UPSTREAM_ONLY_FLAGS}
+        sa = cls(**kwargs)
+        object.__setattr__(sa, "ignored_upstream_args", ignored)
+        return sa
+
+
+UPSTREAM_DEST_PREFIX = "_upstream__"
+
+
+def add_upstream_only_flags(parser: argparse.ArgumentParser) -> None:
+    """Upstream's flags without a field here: accepted with their argument shape (`server_args_compat`)."""
+    from sglang.srt.server_args_compat import NO_EFFECT_WARNING
+    from sglang.srt.server_args_upstream_flags import UPSTREAM_ONLY_FLAGS
+
+    taken = set(parser._option_string_actions)
+    for field, (flags, kind) in UPSTREAM_ONLY_FLAGS.items():
+        names = [f for f in flags if f not in taken]
+        if not names:
+            continue
+        kwargs = {"dest": UPSTREAM_DEST_PREFIX + field, "default": None, "help": f"Upstream flag, {NO_EFFECT_WARNING}."}
+        if kind == "flag":
+            parser.add_argument(*names, action="store_const", const=True, **kwargs)
+        elif kind == "bool_optional":
+            parser.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
+        elif kind == "values":
+            parser.add_argument(*names, nargs="+", **kwargs)
+        else:
+            parser.add_argument(*names, **kwargs)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerArgs)}

@@ -94,14 +94,15 @@ def config_file_to_argv(parser: argparse.ArgumentParser, path: str) -> List[str]
     if not isinstance(data, dict):
         parser.error(f"config file {path} must hold a mapping of argument names to values")
     actions = {a.dest: a for a in parser._actions if a.option_strings}
+    by_flag = parser._option_string_actions  # upstream-only flags have a private dest
     tokens: List[str] = []
     for key, value in data.items():
         dest = str(key).replace("-", "_")
-        action = actions.get(dest)
+        action = actions.get(dest) or by_flag.get("--" + dest.replace("_", "-"))
         if action is None or dest == "config":
             parser.error(f"unrecognized argument in config file {path}: {key}")
         flag = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreConstAction)):
             if value:
                 tokens.append(flag)
         elif value is None:

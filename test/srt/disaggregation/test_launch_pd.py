@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -39,24 +40,56 @@ def test_check_only_rejects_a_bad_role_before_launch(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def _member_pid(root_pid, role):
+    for p in psutil.Process(root_pid).children(recursive=False):
+        if f"--disaggregation-mode {role}" in " ".join(p.cmdline()):
+            return p
+    raise AssertionError(f"no {role} server under launch_pd")
+
+
+def _serves(url, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            r = requests.post(url + "/generate", timeout=30, json={
+                "text": "Hello", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+            if r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    return False
+
+
 @pytest.mark.server
-def test_launch_pd_serves_and_stops(tmp_path):
-    d = make_tiny_model(str(tmp_path / "llama"), "llama", seed=8)
+def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
+    """As documented (docs/pd.md): the deployment serves; a member that dies is restarted and the
+    deployment serves again; SIGTERM stops every member before launch_pd exits (code 0). Giving
+    up past --max-restarts: test_pd_supervisor.py."""
+    d = make_tiny_model(str(tmp_path / "llama"), "llama", seed=9)
     ports = [find_free_port() for _ in range(4)]
-    log = open(tmp_path / "pd.log", "wb")
+    log_path = tmp_path / "pd.log"
     proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_pd", "--model-path", d, "--port", str(ports[0]),
                              "--prefill-port", str(ports[1]), "--decode-port", str(ports[2]),
                              "--bootstrap-port", str(ports[3]), "--", "--max-total-tokens", "2048"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    router = f"http://127.0.0.1:{ports[0]}"
     try:
-        wait_for_health(f"http://127.0.0.1:{ports[0]}", timeout=240, process=proc)
-        r = requests.post(f"http://127.0.0.1:{ports[0]}/generate", timeout=60,
-                          json={"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
-        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+        wait_for_health(router, timeout=240, process=proc)
+        assert _serves(router, 30)
+        assert len(psutil.Process(proc.pid).children(recursive=True)) >= 3
+        _member_pid(proc.pid, "decode").kill()
+        assert _serves(router, 120), "the deployment did not serve again after the decode restart"
+        log = log_path.read_text(errors="replace")
+        assert "the decode server exited with code -9; restarting it" in log
+        assert "the decode server is back" in log
         tree = psutil.Process(proc.pid).children(recursive=True)
-        assert len(tree) >= 3
-    finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    assert not alive
+        assert proc.wait(timeout=90) == 0
+        _, alive = psutil.wait_procs(tree, timeout=1)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

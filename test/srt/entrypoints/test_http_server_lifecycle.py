@@ -1,6 +1,6 @@
 """Server lifecycle on real subprocesses: SIGTERM with a request in flight stops every process
-and removes the ZMQ IPC files; a dead scheduler turns /health into 503 and requests into 5xx
-(an in-flight one included) instead of hanging.
+(before the main process exits) and removes the ZMQ IPC files; a dead scheduler takes the whole
+server down with exit code 1 instead of leaving it half alive.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def test_sigterm_stops_every_process_and_removes_ipc_files(servers):
     _wait_running(s["url"])
     s["proc"].send_signal(signal.SIGTERM)
     assert s["proc"].wait(timeout=60) == 0
-    gone, alive = psutil.wait_procs(procs, timeout=10)
+    # No child outlives the main process (the multiprocessing resource tracker included).
+    gone, alive = psutil.wait_procs(procs, timeout=0.2)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     assert [x for x in ipc if os.path.exists(x)] == []
     t.join(30)
@@ -121,31 +122,28 @@ def test_sigterm_stops_every_process_and_removes_ipc_files(servers):
     log = read_log(s["proc"])
     assert "Aborting 1 unfinished request(s) for shutdown." in log
     assert "Shutting down the engine processes." in log
+    assert "leaked semaphore" not in log
 
 
-def test_dead_scheduler_gives_503_and_5xx(servers):
+def test_dead_scheduler_takes_the_whole_server_down(servers):
+    """Issue 13: a scheduler that dies (here: SIGKILL, as the OOM killer would) makes the server
+    exit non-zero, with the in-flight request answered and no process left, instead of a
+    half-dead server answering 503 forever."""
     s = servers["dead"]
     url = s["url"]
     assert requests.get(url + "/health", timeout=10).status_code == 200
     t, box = _post_in_thread(url, {"text": "in flight", "sampling_params": LONG})
     _wait_running(url)
-    for p in _engine_children(s["proc"].pid):
-        p.kill()
-    # The in-flight request ends with a server error instead of hanging.
+    procs = _tree(s["proc"].pid)
+    _engine_children(s["proc"].pid)[0].kill()  # the scheduler or the detokenizer: either is fatal
+    t0 = time.time()
+    assert s["proc"].wait(timeout=30) == 1
+    assert time.time() - t0 < 20
+    _, alive = psutil.wait_procs(procs, timeout=0.5)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     t.join(30)
     assert not t.is_alive()
-    assert box["response"].status_code >= 500
-    deadline = time.time() + 15
-    while requests.get(url + "/health", timeout=10).status_code != 503:
-        assert time.time() < deadline, "/health never reported the dead scheduler"
-        time.sleep(0.2)
-    assert requests.get(url + "/health_generate", timeout=30).status_code == 503
-    r = requests.post(url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
-    assert r.status_code == 503 and "error" in r.json()
-    r = requests.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}, timeout=30)
-    assert r.status_code == 503 and r.json()["object"] == "error"
-    # It still shuts down cleanly.
-    procs = _tree(s["proc"].pid)
-    assert stop_server(s["proc"]) == 0
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    # Answered with a 5xx before the server went down, or cut by the exit: never left hanging.
+    assert "error" in box or box["response"].status_code >= 500, box
+    log = read_log(s["proc"])
+    assert "exited unexpectedly" in log and "The server exits with code 1" in log

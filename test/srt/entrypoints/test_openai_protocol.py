@@ -72,9 +72,11 @@ def test_abort_status_mapping(status, expected):
 
 def test_usage_counts_each_prompt_once_per_n():
     outs = [_out(None, prompt=5, completion=c, cached=2) for c in (1, 2, 3, 4)]
-    u = usage_from_outputs(outs, n=2)
+    u = usage_from_outputs(outs, n=2, report_cached=True)
     assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (10, 10, 20)
     assert u.prompt_tokens_details == {"cached_tokens": 4}
+    # Without --enable-cache-report upstream leaves prompt_tokens_details out.
+    assert usage_from_outputs(outs, n=2).prompt_tokens_details is None
 
 
 def test_structured_output_detection():

@@ -28,7 +28,8 @@ def server(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2")
     port = find_free_port()
     log = str(tmp_path_factory.mktemp("log") / "server.log")
-    proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--served-model-name", "tiny-test"],
+    proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--served-model-name", "tiny-test",
+                                               "--enable-cache-report"],
                                log_path=log)
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -150,6 +150,10 @@ class BaseKVManager(ABC):
     def register_to_bootstrap(self) -> None:
         """Prefill: announce this rank to the bootstrap server (no-op where not needed)."""
 
+    def reject_room(self, room: int, message: str, status_code: int) -> None:
+        """Prefill: the request of `room` was refused before it had a sender; tell a decode peer
+        that asks for it (no-op where there is no peer)."""
+
     def close(self) -> None:
         """Stop threads and release sockets / registered memory."""
 
@@ -170,6 +174,10 @@ class BaseKVSender(ABC):
     @abstractmethod
     def poll(self) -> int:
         ...
+
+    def aborted_by_peer(self) -> bool:
+        """Prefill: the decode side aborted this request (not an error of this server)."""
+        return False
 
     @abstractmethod
     def failure_exception(self):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
+from sglang.srt.disaggregation.mooncake.messages import decode_failure
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, _evict_params
 from sglang.srt.managers.scheduler_intake import ABORT_IN_QUEUE_MESSAGE
@@ -111,6 +112,21 @@ class DecodeQueues:
             out["available_metadata_rows"] = self.metadata_allocator.available_size()
             out["metadata_rows"] = self.metadata_allocator.size
         return out
+
+    def reject(self, req: Req, recv) -> None:
+        """The scheduler refused this request before it reached these queues: tell its prefill
+        server (which would otherwise wait for our metadata until its bootstrap timeout)."""
+        if self.is_fake(recv) or recv.bootstrap_host is None or recv.bootstrap_room is None:
+            return
+        port = recv.bootstrap_port or self.s.server_args.disaggregation_bootstrap_port
+        host = recv.bootstrap_host
+        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
+            receiver.abort()  # delivered once the prefill's rank is resolved
+            receiver.clear()
+        except Exception:  # noqa: BLE001 - best effort: the prefill's bootstrap timeout still ends it
+            logger.exception("Could not tell prefill %s that request %s was refused", addr, req.rid)
 
     def all_reqs(self) -> List[Req]:
         return self.prealloc_queue + self.transfer_queue + self.retracted_queue
@@ -261,11 +277,15 @@ class DecodeQueues:
             req.kv_receiver.failure_exception()
             message = "KV transfer failed"
         except Exception as e:
-            message = str(e)
+            message = str(getattr(e, "failure_reason", None) or e)
         queue.remove(req)
         req.kv_receiver.clear()
         req.kv_receiver = None
-        req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
+        status, text = decode_failure(message)
+        if status is not None and status < 500:  # the prefill refused the request itself (a client error)
+            req.to_abort = FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError")
+        else:
+            req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
         self._drop(req)
 
     def _drop(self, req: Req) -> None:
@@ -281,7 +301,9 @@ class DecodeQueues:
         for queue in (self.prealloc_queue, self.transfer_queue):
             for req in [r for r in queue if hit(r)]:
                 if getattr(req, "kv_receiver", None) is not None:
-                    req.kv_receiver.abort()
+                    req.kv_receiver.abort()  # the prefill drops the room too
+                    req.kv_receiver.clear()
+                    req.kv_receiver = None
                 queue.remove(req)
                 req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
                 self._drop(req)

@@ -67,10 +67,13 @@ def router_cmd(args) -> List[str]:
     decode = f"http://{args.host}:{args.decode_port}"
     use_rust = args.router in ("rust", "mini-lb") and importlib.util.find_spec("sglang_router") is not None
     if use_rust:
+        # A restarted member is probed back in within seconds (defaults: 60 s health checks, 60 s open circuit).
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                "--prefill", prefill, str(args.bootstrap_port), "--decode", decode,
                "--host", args.host, "--port", str(args.port),
-               "--prometheus-host", args.host, "--prometheus-port", str(_router_metrics_port(args.host))]
+               "--prometheus-host", args.host, "--prometheus-port", str(_router_metrics_port(args.host)),
+               "--log-level", args.router_log_level, "--health-check-interval-secs", "5",
+               "--cb-timeout-duration-secs", "15"]
         return cmd + (["--mini-lb"] if args.router == "mini-lb" else [])
     return [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", args.host, "--port", str(args.port),
             "--prefill", prefill, "--decode", decode, "--prefill-bootstrap-ports", str(args.bootstrap_port)]
@@ -125,12 +128,18 @@ def parse_args(argv: Sequence[str]):
     p.add_argument("--router", default="rust", choices=["rust", "mini-lb", "in-tree"],
                    help="rust/mini-lb: the sglang-router package; in-tree: sglang.srt.disaggregation.mini_lb")
     p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts of one member within 10 minutes before the deployment shuts down (0: never restart)")
+    p.add_argument("--router-log-level", default="warn", choices=["debug", "info", "warn", "error"],
+                   help="sglang-router log level (info logs every request, health checks included)")
     p.add_argument("--check-only", action="store_true", help="validate both roles' flags and exit")
     args = p.parse_args(argv)
     return args, common
 
 
 def main(argv: Sequence[str] = None) -> int:
+    from sglang.srt.disaggregation.pd_supervisor import Deployment, Member, log
+
     args, common = parse_args(sys.argv[1:] if argv is None else argv)
     roles = {role: role_flags(role, common, args) for role in ("prefill", "decode")}
     for role, flags in roles.items():
@@ -138,36 +147,34 @@ def main(argv: Sequence[str] = None) -> int:
         check_role(flags)
     if args.check_only:
         return 0
-    procs: List[subprocess.Popen] = []
+    base = f"http://{args.host}"
+    members = [
+        Member(role, [sys.executable, "-m", "sglang.launch_server", *roles[role]],
+               f"{base}:{args.prefill_port if role == 'prefill' else args.decode_port}", args.startup_timeout,
+               wait_healthy)
+        for role in ("prefill", "decode")
+    ]
+    members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy))
+    deployment = Deployment(members, max_restarts=args.max_restarts)
 
-    def stop(*_):
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(0)))
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        for role in ("prefill", "decode"):
-            procs.append(subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *roles[role]]))
-        wait_healthy(f"http://{args.host}:{args.prefill_port}", procs[0], args.startup_timeout)
-        wait_healthy(f"http://{args.host}:{args.decode_port}", procs[1], args.startup_timeout)
-        procs.append(subprocess.Popen(router_cmd(args)))
-        wait_healthy(f"http://{args.host}:{args.port}", procs[2], 120)
-        print(f"[launch_pd] PD deployment ready: http://{args.host}:{args.port} "
-              f"(prefill :{args.prefill_port}, decode :{args.decode_port}, bootstrap :{args.bootstrap_port})", flush=True)
-        while all(p.poll() is None for p in procs):
-            time.sleep(1)
-        print("[launch_pd] a component exited; shutting the deployment down", flush=True)
-        return 1
+        deployment.start()
+        log(f"PD deployment ready: http://{args.host}:{args.port} (prefill :{args.prefill_port}, "
+            f"decode :{args.decode_port}, bootstrap :{args.bootstrap_port})")
+        return deployment.supervise()
     except KeyboardInterrupt:
         return 0
+    except Exception as e:  # noqa: BLE001 - a member failed to start: say which, stop the rest
+        log(f"the deployment failed to start: {e}")
+        return 1
     finally:
-        stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        deployment.stop()
 
 
 if __name__ == "__main__":

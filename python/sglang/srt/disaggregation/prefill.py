@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+ABORTED_BY_DECODE = "Aborted by the decode server (its client went away or aborted the request)."
+
 
 class PrefillQueues:
     def __init__(self, scheduler: "Scheduler"):
@@ -123,7 +125,7 @@ class PrefillQueues:
         state = req.kv_sender.poll()
         if state == KVPoll.Failed:
             self.bootstrap_queue.remove(req)
-            self._abort(req, self._failure_message(req))
+            self._abort_failed(req)
         elif state == KVPoll.WaitingForInput:
             idx = self.metadata_allocator.alloc()
             if idx is None:
@@ -181,7 +183,21 @@ class PrefillQueues:
             self.s.emit([req])
         elif state == KVPoll.Failed:
             self.inflight_queue.remove(req)
+            self._abort_failed(req)
+
+    def _abort_failed(self, req: Req) -> None:
+        if req.kv_sender.aborted_by_peer():  # the client went away on the decode side: no error here
+            self._abort(req, ABORTED_BY_DECODE, None)
+        else:
             self._abort(req, self._failure_message(req))
+
+    def reject(self, req: Req, recv) -> None:
+        """The scheduler refused this request before it reached these queues: a decode peer that
+        asks for its room learns why (and answers its client with the same status)."""
+        if recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST) or recv.bootstrap_room is None:
+            return
+        reason = req.to_abort
+        self.kv_manager.reject_room(recv.bootstrap_room, reason.message, reason.status_code or 500)
 
     def _failure_message(self, req: Req) -> str:
         try:

@@ -20,14 +20,16 @@ class Engine:
     def __init__(self, **kwargs):
         from sglang.srt.entrypoints.launch import launch_engine_processes
         from sglang.srt.server_args import ServerArgs
+        from sglang.srt.server_args_compat import warn_no_effect_flags
         from sglang.srt.utils.process import configure_logging
 
         server_args = kwargs.pop("server_args", None)
         if server_args is None:
             kwargs.setdefault("log_level", "error")
-            server_args = ServerArgs(**kwargs)
+            server_args = ServerArgs.from_kwargs(**kwargs)
         self.server_args = server_args
         configure_logging(server_args)
+        warn_no_effect_flags(server_args)
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self._procs = launch_engine_processes(server_args)

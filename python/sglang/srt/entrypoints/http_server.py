@@ -40,6 +40,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.server_args_compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
     FAKE_BOOTSTRAP_HOST,
     ServerState,
@@ -207,7 +208,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/tokenize")
     @app.post("/tokenize")
     async def openai_v1_tokenize(raw_request: Request):
-        res = serving_tokenize.tokenize(ctx, await _parse_body(raw_request, TokenizeRequest))
+        res = serving_tokenize.tokenize(ctx, await _parse_body(raw_request, TokenizeRequest), chat)
         return res if isinstance(res, Response) else _json(res.model_dump())
 
     @app.post("/v1/detokenize")
@@ -392,9 +393,7 @@ async def _server_info(state: ServerState) -> dict:
                 sources[name] = source
     from sglang import __version__
 
-    args = sa.resolved_dict()
-    if args.get("api_key"):
-        args["api_key"] = "<redacted>"  # never echo the secret back
+    args = sa.resolved_dict()  # secrets redacted
     return {
         **args,
         **state.ctx.scheduler_info,
@@ -412,31 +411,46 @@ async def _server_info(state: ServerState) -> dict:
 
 
 def launch_server(server_args) -> None:
-    """Runs the server until SIGINT/SIGTERM, then stops everything it started."""
+    """Runs the server until SIGINT/SIGTERM, then stops everything it started (children first:
+    this returns only after they have exited). A child that dies, or that reports a fatal error
+    with SIGQUIT (as upstream's children do), takes the whole server down with exit code 1."""
     import signal
+    import sys
     import threading
 
     from sglang.srt.entrypoints.launch import launch_engine_processes
-    from sglang.srt.utils.process import configure_logging
+    from sglang.srt.entrypoints.server_lifecycle import watch_children
+    from sglang.srt.utils.process import configure_logging, stop_resource_tracker
 
     configure_logging(server_args)
-    exiting = {"done": False}
+    holder = {"state": None, "exiting": False}
 
     def _on_sigterm(signum, frame):
         # uvicorn handles SIGTERM while it serves and re-raises it once it has stopped; we then
         # leave uvicorn and shut the engine down in `finally`. Later signals are ignored.
-        if not exiting["done"]:
-            exiting["done"] = True
+        if not holder["exiting"]:
+            holder["exiting"] = True
             raise SystemExit(0)
 
+    def _on_sigquit(signum, frame):
+        logger.error("Received sigquit from a child process. It usually means the child failed.")
+        state = holder["state"]
+        if state is None:  # still starting: leave the launch, `finally` cleans up
+            raise SystemExit(1)
+        state.request_exit(1, "a child process failed")
+
     signal.signal(signal.SIGTERM, _on_sigterm)
-    logger.info(f"{server_args=}")
-    procs = launch_engine_processes(server_args)
+    signal.signal(signal.SIGQUIT, _on_sigquit)
+    logger.info(f"{server_args=}")  # secrets are redacted by ServerArgs.__repr__
+    warn_no_effect_flags(server_args)
+    procs = launch_engine_processes(server_args, notify_parent=True)
     state = None
     try:
         state = build_state(server_args, procs)
+        holder["state"] = state
         app = build_app(state)
         threading.Thread(target=wait_and_warmup, args=(server_args, state), name="sglang-warmup", daemon=True).start()
+        threading.Thread(target=watch_children, args=(state, procs), name="sglang-child-watch", daemon=True).start()
         serve(app, server_args, state)
     except KeyboardInterrupt:
         pass
@@ -446,3 +460,7 @@ def launch_server(server_args) -> None:
         logger.info("Shutting down the engine processes.")
         procs.shutdown()
         close_zmq(procs.tokenizer_manager)
+        stop_resource_tracker()
+    if state is not None and state.exit_code:
+        logger.error("The server exits with code %d: %s", state.exit_code, state.exit_reason)
+        sys.exit(state.exit_code)

@@ -22,12 +22,37 @@ class EngineProcesses:
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
 
-    def shutdown(self, timeout: float = 5.0) -> None:
-        from sglang.srt.utils.process import kill_process_tree
-
+    def dead_process(self):
+        """(name, exit code) of a child that has exited, or None."""
         for p in self.processes:
-            if p.is_alive():
-                kill_process_tree(p.pid, include_parent=True, timeout=timeout)
+            if not p.is_alive():
+                return p.name, p.exitcode
+        return None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """SIGTERM to every child (they exit cleanly), SIGKILL to what is left after `timeout`;
+        when this returns no engine process is left."""
+        import psutil
+
+        procs = []
+        for p in self.processes:
+            try:
+                root = psutil.Process(p.pid)
+                procs += root.children(recursive=True) + [root]
+            except psutil.NoSuchProcess:
+                pass
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=timeout)
         for p in self.processes:
             p.join(timeout=timeout)
         self.processes = []
@@ -49,7 +74,9 @@ def _remove_ipc_files(port_args) -> None:
                 pass
 
 
-def launch_engine_processes(server_args) -> EngineProcesses:
+def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineProcesses:
+    """`notify_parent`: children send SIGQUIT to this process on a fatal error (a server, which
+    handles it); an `Engine` host watches its children instead."""
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -60,8 +87,8 @@ def launch_engine_processes(server_args) -> EngineProcesses:
     ctx = mp.get_context("spawn")
     sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
-    scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w), name="sglang::scheduler", daemon=True)
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w), name="sglang::detokenizer", daemon=True)
+    scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w, notify_parent), name="sglang::scheduler", daemon=True)
+    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w, notify_parent), name="sglang::detokenizer", daemon=True)
     scheduler.start()
     detok.start()
     procs = EngineProcesses(None, {}, [scheduler, detok], port_args, bootstrap_server)

@@ -33,6 +33,17 @@ class ServerState:
     metrics: Any = None
     status: str = ServerStatus.Starting
     startup_time: float = dataclasses.field(default_factory=time.time)
+    uvicorn_server: Any = None
+    exit_code: int = 0
+    exit_reason: str = ""
+
+    def request_exit(self, code: int, reason: str) -> None:
+        """Stops serving (from any thread); `launch_server` then exits with `code`."""
+        if not self.exit_code:
+            self.exit_code, self.exit_reason = code, reason
+        self.status = ServerStatus.ShuttingDown
+        if self.uvicorn_server is not None:
+            self.uvicorn_server.should_exit = True
 
     @property
     def tokenizer_manager(self):
@@ -84,7 +95,24 @@ def serve(app, server_args, state: ServerState) -> None:
         timeout_graceful_shutdown=drain_s + 3,
         loop="uvloop",
     )
-    _Server(config).run()
+    server = _Server(config)
+    state.uvicorn_server = server
+    if state.exit_code:  # a child died before uvicorn started
+        return
+    server.run()
+
+
+def watch_children(state: ServerState, procs, interval: float = 0.5) -> None:
+    """A scheduler or detokenizer that exits (killed, crashed without reporting) takes the server
+    down, instead of leaving a server that answers 503 forever."""
+    while state.status != ServerStatus.ShuttingDown:
+        dead = procs.dead_process()
+        if dead is not None:
+            name, code = dead
+            logger.error("The %s process exited unexpectedly (exit code %s); shutting the server down.", name, code)
+            state.request_exit(1, f"the {name} process exited with code {code}")
+            return
+        time.sleep(interval)
 
 
 async def _drain(state: ServerState, timeout: float) -> None:
@@ -142,9 +170,7 @@ def wait_and_warmup(server_args, state: ServerState) -> None:
                 raise RuntimeError(f"status {res.status_code}: {res.text}")
         except Exception as e:  # noqa: BLE001
             logger.error(f"Initialization failed. warmup error: {e}")
-            import signal
-
-            os.kill(os.getpid(), signal.SIGTERM)
+            state.request_exit(1, f"warm-up failed: {e}")
             return
     if state.status == ServerStatus.Starting:
         state.status = ServerStatus.Up

@@ -1,4 +1,4 @@
-"""Turns token ids into text incrementally, never splitting a UTF-8 character.
+"""(Detokenizer process.) Turns token ids into text incrementally, never splitting a UTF-8 character.
 
 Per request we keep (decoded_text, surr_offset, read_offset): `decode(ids[surr:read])` is the
 text already committed for the surrounding window, `decode(ids[surr:])` the text with the new
@@ -47,35 +47,22 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def handle(self, out: BatchTokenIDOutput) -> BatchStrOutput:
+        """Decodes every request of `out`; one that fails to decode ends with an abort (500) that
+        the tokenizer manager forwards to the scheduler, the others are unaffected."""
         texts = []
+        reasons = list(out.finished_reasons)
         for i, rid in enumerate(out.rids):
-            ids = out.output_ids[i]
-            reason = out.finished_reasons[i]
-            if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not out.no_stop_trim[i]:
-                ids = ids[:-1]  # a matched stop token is not part of the text
-            st = self.states.get(rid)
-            if st is None:
-                st = DecodeStatus()
-                self.states[rid] = st
-                if len(self.states) > MAX_STATES:
-                    self.states.popitem(last=False)
-            skip = out.skip_special_tokens[i]
-            surr_text = self._decode(ids[st.surr_offset : st.read_offset], skip)
-            read_text = self._decode(ids[st.surr_offset :], skip)
-            new_text = read_text[len(surr_text) :]
-            if reason is not None:
-                text = trim_matched_stop(st.decoded_text + new_text, reason, out.no_stop_trim[i])
+            try:
+                texts.append(self._decode_one(out, i, rid))
+            except Exception as e:  # noqa: BLE001
+                logger.exception("Detokenizing request %s failed", rid)
                 self.states.pop(rid, None)
-            else:
-                if new_text and not new_text.endswith("\ufffd"):
-                    st.decoded_text += new_text
-                    st.surr_offset = st.read_offset
-                    st.read_offset = len(ids)
-                text = st.decoded_text
-            texts.append(text)
+                texts.append("")
+                reasons[i] = {"type": "abort", "message": f"Internal server error while detokenizing: {e}",
+                              "status_code": 500, "err_type": "InternalServerError"}
         return BatchStrOutput(
             rids=out.rids,
-            finished_reasons=out.finished_reasons,
+            finished_reasons=reasons,
             output_strs=texts,
             output_ids=out.output_ids,
             prompt_tokens=out.prompt_tokens,
@@ -86,10 +73,36 @@ class IncrementalDetokenizer:
             output_top_logprobs=out.output_top_logprobs,
             input_token_logprobs=out.input_token_logprobs,
             input_top_logprobs=out.input_top_logprobs,
+            output_token_ids_logprobs=out.output_token_ids_logprobs,
+            input_token_ids_logprobs=out.input_token_ids_logprobs,
         )
 
+    def _decode_one(self, out: BatchTokenIDOutput, i: int, rid: str) -> str:
+        ids = out.output_ids[i]
+        reason = out.finished_reasons[i]
+        if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not out.no_stop_trim[i]:
+            ids = ids[:-1]  # a matched stop token is not part of the text
+        st = self.states.get(rid)
+        if st is None:
+            st = DecodeStatus()
+            self.states[rid] = st
+            if len(self.states) > MAX_STATES:
+                self.states.popitem(last=False)
+        skip = out.skip_special_tokens[i]
+        surr_text = self._decode(ids[st.surr_offset : st.read_offset], skip)
+        read_text = self._decode(ids[st.surr_offset :], skip)
+        new_text = read_text[len(surr_text) :]
+        if reason is not None:
+            self.states.pop(rid, None)
+            return trim_matched_stop(st.decoded_text + new_text, reason, out.no_stop_trim[i])
+        if new_text and not new_text.endswith("\ufffd"):
+            st.decoded_text += new_text
+            st.surr_offset = st.read_offset
+            st.read_offset = len(ids)
+        return st.decoded_text
 
-def run_detokenizer_process(server_args, port_args, ready_pipe=None) -> None:
+
+def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_parent: bool = False) -> None:
     """Subprocess entry: PULL BatchTokenIDOutput from the scheduler, PUSH BatchStrOutput to the tokenizer manager."""
     import zmq
 
@@ -106,10 +119,21 @@ def run_detokenizer_process(server_args, port_args, ready_pipe=None) -> None:
     send.connect(port_args.tokenizer_ipc_name)
     if ready_pipe is not None:
         ready_pipe.send("ready")
-    while True:
-        msg = recv.recv_pyobj()
-        if isinstance(msg, BatchTokenIDOutput):
-            if msg.rids:
-                send.send_pyobj(detok.handle(msg))
-        else:
-            send.send_pyobj(msg)  # control replies pass through
+    try:
+        while True:
+            msg = recv.recv_pyobj()
+            if isinstance(msg, BatchTokenIDOutput):
+                if msg.rids:
+                    send.send_pyobj(detok.handle(msg))
+            else:
+                send.send_pyobj(msg)  # control replies pass through
+    except SystemExit:  # SIGTERM from the parent: a normal shutdown
+        ctx.destroy(linger=0)
+        raise
+    except BaseException:  # noqa: BLE001 - fatal: as upstream, say so and take the server down
+        import traceback
+
+        from sglang.srt.managers.scheduler_process import notify_parent_and_exit
+
+        logger.error("DetokenizerManager hit an exception: %s", traceback.format_exc())
+        notify_parent_and_exit(1, notify_parent)

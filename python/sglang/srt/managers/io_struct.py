@@ -115,6 +115,9 @@ class BatchTokenIDOutput:
     output_top_logprobs: List[Optional[list]] = field(default_factory=list)
     input_token_logprobs: List[Optional[list]] = field(default_factory=list)
     input_top_logprobs: List[Optional[list]] = field(default_factory=list)
+    # With token_ids_logprob: per position, [(logprob, token_id)] of the requested ids.
+    output_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +136,9 @@ class BatchStrOutput:
     output_top_logprobs: List[Optional[list]] = field(default_factory=list)
     input_token_logprobs: List[Optional[list]] = field(default_factory=list)
     input_top_logprobs: List[Optional[list]] = field(default_factory=list)
+    # With token_ids_logprob: per position, [(logprob, token_id)] of the requested ids.
+    output_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
+    input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
 
 
 @dataclass

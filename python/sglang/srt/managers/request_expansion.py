@@ -171,7 +171,8 @@ def expand_request(obj: GenerateReqInput) -> List[GenerateReqInput]:
                      "custom_logit_processor")
     }
     token_ids_logprob = obj.token_ids_logprob
-    if isinstance(token_ids_logprob, list) and token_ids_logprob and isinstance(token_ids_logprob[0], list):
+    if (not single and isinstance(token_ids_logprob, list) and token_ids_logprob
+            and isinstance(token_ids_logprob[0], list)):  # one list per prompt (a single prompt's must be flat)
         tids = _per_entry(token_ids_logprob, "token_ids_logprob", b, n, single)
     else:
         tids = [token_ids_logprob] * total

@@ -61,6 +61,7 @@ class RequestValidator:
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, got {logprob_start_len!r}.")
         token_ids_logprob = self._token_ids_logprob(obj.token_ids_logprob)
+        priority = self._priority(obj.priority)
         self._check_bootstrap(obj)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
@@ -75,7 +76,7 @@ class RequestValidator:
             bootstrap_host=obj.bootstrap_host,
             bootstrap_port=obj.bootstrap_port,
             bootstrap_room=obj.bootstrap_room,
-            priority=obj.priority,
+            priority=priority,
             extra_key=_combine_extra_key(obj.extra_key, obj.cache_salt),
         )
 
@@ -111,20 +112,16 @@ class RequestValidator:
         if n >= ctx:
             if not truncate:
                 raise ValueError(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens).")
-            logger.warning(
-                "The input (%d tokens) is longer than the model's context length (%d tokens). Truncating the input.",
-                n, ctx,
-            )
+            logger.warning(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens). "
+                           "Truncating the input.")
             input_ids = input_ids[: ctx - 1]
             n = len(input_ids)
         max_new = sp_dict.get("max_new_tokens")
         if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new + n >= ctx:
             if truncate:
-                logger.warning(
-                    "Requested token count exceeds the model's maximum context length of %d tokens; max_new_tokens "
-                    "is reduced from %d to %d.", ctx, max_new, max(0, ctx - 1 - n),
-                )
-                sp_dict["max_new_tokens"] = max(0, ctx - 1 - n)
+                logger.warning(f"Requested token count ({n} input + {max_new} new) exceeds the model's context "
+                               f"length ({ctx} tokens). Truncating max_new_tokens.")
+                sp_dict["max_new_tokens"] = max(0, ctx - n)
             else:
                 raise ValueError(
                     f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
@@ -135,14 +132,28 @@ class RequestValidator:
         return input_ids
 
     def _token_ids_logprob(self, value) -> Optional[List[int]]:
+        """Upstream's checks and texts (its newest tokenizer manager)."""
         if value is None or value == []:
             return None
         if not isinstance(value, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in value):
-            raise ValueError(f"token_ids_logprob must be a list of token ids, got {value!r}.")
-        bad = [t for t in value if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token_ids_logprob {bad[:8]} contains ids outside the vocabulary [0, {self.vocab_size}).")
+            raise ValueError("token_ids_logprob must be a flat list of integers.")
+        for t in value:
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"token_ids_logprob contains out-of-vocabulary token id {t}; valid range is [0, {self.vocab_size})."
+                )
         return list(value)
+
+    def _priority(self, priority):
+        sa = self.server_args
+        if priority is None:
+            return sa.default_priority_value
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        if not sa.enable_priority_scheduling and sa.abort_on_priority_when_disabled:
+            raise ValueError("The request sets a priority, but priority scheduling is disabled "
+                             "(--abort-on-priority-when-disabled; enable it with --enable-priority-scheduling).")
+        return priority
 
     # --- PD ----------------------------------------------------------------------------------------
     def _check_bootstrap(self, obj: GenerateReqInput) -> None:

@@ -130,6 +130,7 @@ class Req:
         self.output_token_ids_logprobs: List[tuple] = []
         self.input_token_ids_logprobs: Optional[List[tuple]] = None
         self.sent_logprob_len = 0
+        self.sent_input_logprobs = False  # input logprobs go out once, with the first output
 
         # Incremental stop-string check state.
         self.tokenizer = None

@@ -44,6 +44,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         from sglang.srt.model_loader.default_model import resolve_model_path
 
         self.server_args = server_args
+        set_random_seed(server_args.random_seed)  # --random-seed (resolved to a random value when unset)
         if model_runner is None:
             model_path = resolve_model_path(server_args.model_path)
             model_config = ModelConfig.from_path(model_path, server_args.context_length)
@@ -484,6 +485,20 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 req.output_token_ids_logprobs.append(list(zip(values, ids)))
 
         return out.next_token_ids.tolist(), attach
+
+def set_random_seed(seed: Optional[int]) -> None:
+    """Seeds Python, NumPy and torch, as upstream: sampling without a per-request seed is
+    reproducible for a given seed and request sequence."""
+    if seed is None:
+        return
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
 
 def _eos_token_ids(model_config) -> set:
     eos = model_config.hf_config.get("eos_token_id")

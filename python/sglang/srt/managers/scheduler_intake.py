@@ -100,6 +100,9 @@ class SchedulerIntakeMixin:
         if req.to_abort is None and self.queue_is_full():
             req.to_abort = FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable")
         if req.to_abort is not None:
+            for queues in (self.decode_queues, self.prefill_queues):
+                if queues is not None:
+                    queues.reject(req, recv)  # the PD peer must not wait for this request
             self._finish_unscheduled(req)
         elif self.decode_queues is not None:
             self.decode_queues.add(req, recv)

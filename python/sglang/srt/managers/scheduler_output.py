@@ -42,12 +42,17 @@ def collect_outputs(reqs: List, stream_interval: int = 1) -> BatchTokenIDOutput:
         if req.return_logprob:
             out.output_token_logprobs.append(req.output_token_logprobs[req.sent_logprob_len :])
             out.output_top_logprobs.append(req.output_top_logprobs[req.sent_logprob_len :])
-            first = req.sent_len == 0
+            out.output_token_ids_logprobs.append(req.output_token_ids_logprobs[req.sent_logprob_len :]
+                                                 if req.token_ids_logprob is not None else None)
+            first = req.sent_len == 0 and not req.sent_input_logprobs
             out.input_token_logprobs.append(req.input_token_logprobs if first else None)
             out.input_top_logprobs.append(req.input_top_logprobs if first else None)
+            out.input_token_ids_logprobs.append(req.input_token_ids_logprobs if first else None)
+            req.sent_input_logprobs = req.sent_input_logprobs or first
             req.sent_logprob_len = len(req.output_token_logprobs)
         else:
-            for lst in (out.output_token_logprobs, out.output_top_logprobs, out.input_token_logprobs, out.input_top_logprobs):
+            for lst in (out.output_token_logprobs, out.output_top_logprobs, out.input_token_logprobs,
+                        out.input_top_logprobs, out.output_token_ids_logprobs, out.input_token_ids_logprobs):
                 lst.append(None)
         req.sent_len = len(req.output_ids)
     return out
@@ -72,9 +77,12 @@ def record_logprobs(reqs: List, forward_batch, logits_output, sampler) -> None:
             continue
         if req.input_token_logprobs is None:
             req.input_token_logprobs, req.input_top_logprobs = [], []
+            req.input_token_ids_logprobs = [] if req.token_ids_logprob is not None else None
             if req.logprob_start_len == 0:
                 req.input_token_logprobs.append((None, req.origin_input_ids[0]))
                 req.input_top_logprobs.append(None)
+                if req.input_token_ids_logprobs is not None:
+                    req.input_token_ids_logprobs.append(None)
         n_in = len(req.origin_input_ids)
         # positions p in [prefix_len, prefix_len+ext_len) whose next token p+1 is a prompt token >= start
         lo = max(prefix_len, req.logprob_start_len - 1, 0)
@@ -83,9 +91,11 @@ def record_logprobs(reqs: List, forward_batch, logits_output, sampler) -> None:
             continue
         rows = full[seg_start + (lo - prefix_len) : seg_start + (hi - prefix_len)]
         next_ids = req.origin_input_ids[lo + 1 : hi + 1]
-        res = compute_prompt_logprobs(rows, next_ids, req.top_logprobs_num)
+        res = compute_prompt_logprobs(rows, next_ids, req.top_logprobs_num, req.token_ids_logprob)
         req.input_token_logprobs.extend(zip(res.token_logprobs.tolist(), next_ids))
         if res.top_logprobs is not None:
             req.input_top_logprobs.extend(list(zip(v, i)) for v, i in res.top_logprobs)
         else:
             req.input_top_logprobs.extend([None] * len(next_ids))
+        if res.token_ids_logprobs is not None:
+            req.input_token_ids_logprobs.extend(list(zip(v, i)) for v, i in res.token_ids_logprobs)

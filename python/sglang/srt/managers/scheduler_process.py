@@ -119,7 +119,8 @@ class SchedulerLoop:
             self.run_once()
 
 
-def run_scheduler_process(server_args, port_args, ready_pipe) -> None:
+def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False) -> None:
+    """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not)."""
     from sglang.srt.utils.process import configure_subprocess
 
     configure_subprocess("scheduler", server_args, torch_threads=0)
@@ -136,20 +137,25 @@ def run_scheduler_process(server_args, port_args, ready_pipe) -> None:
         return
     from sglang.srt.managers.watchdog import SchedulerWatchdog
 
-    SchedulerWatchdog.start_for(scheduler, server_args)
+    SchedulerWatchdog.start_for(scheduler, server_args, notify_parent)
     try:
         loop.run_forever()
+    except SystemExit:  # SIGTERM from the parent: a normal shutdown
+        loop.ctx.destroy(linger=0)
+        raise
     except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
-        notify_parent_and_exit(1)
+        notify_parent_and_exit(1, notify_parent)
 
 
-def notify_parent_and_exit(code: int) -> None:
-    """Upstream's rule for a dead child: SIGQUIT to the parent, which takes the server down."""
-    try:
-        os.kill(os.getppid(), signal.SIGQUIT)
-    except OSError:
-        pass
+def notify_parent_and_exit(code: int, notify_parent: bool = True) -> None:
+    """Upstream's rule for a dead child: SIGQUIT to the parent, which takes the server down.
+    (Without `notify_parent`, the parent notices the exit by itself.)"""
+    if notify_parent:
+        try:
+            os.kill(os.getppid(), signal.SIGQUIT)
+        except OSError:
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

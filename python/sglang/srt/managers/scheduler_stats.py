@@ -83,6 +83,13 @@ class SchedulerStatsMixin:
             "page_size": self.page_size,
         }
 
+    def _evictable_mamba_slots(self):
+        if self.mamba_pool is None:
+            return None
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        return self.tree_cache.component_evictable_size(ComponentType.MAMBA)
+
     def internal_state(self) -> dict:
         return {
             "num_waiting_reqs": len(self.waiting_queue),
@@ -94,6 +101,7 @@ class SchedulerStatsMixin:
             "available_req_slots": self.req_to_token_pool.available_size(),
             "available_mamba_slots": self.mamba_pool.available_size() if self.mamba_pool is not None else None,
             "mamba_pool_size": self.mamba_pool.size if self.mamba_pool is not None else None,
+            "evictable_mamba_slots": self._evictable_mamba_slots(),
             "req_pool_size": self.req_to_token_pool.size,
             "max_running_requests": self.max_running_requests,
             "num_retracted_reqs_total": self.num_retracted_total,

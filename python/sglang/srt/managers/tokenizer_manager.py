@@ -28,6 +28,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_expansion import expand_request
+from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_validation import RequestValidator
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class ReqState:
     output_top_logprobs: List[Any] = dataclasses.field(default_factory=list)
     input_token_logprobs: Optional[List[tuple]] = None
     input_top_logprobs: Optional[List[Any]] = None
+    output_token_ids_logprobs: List[Any] = dataclasses.field(default_factory=list)
+    input_token_ids_logprobs: Optional[List[Any]] = None
 
 
 class TokenizerManager:
@@ -84,7 +87,7 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.gracefully_exit = False
         self.metrics = None  # set by the HTTP server when --enable-metrics
-        self.request_logger = None  # set by the HTTP server when --log-requests
+        self.request_logger = RequestLogger.from_server_args(server_args)  # --log-requests
 
     # --- request in ------------------------------------------------------------------------------
     async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator:
@@ -111,10 +114,11 @@ class TokenizerManager:
             self._forget(states)
 
     def _register(self, entries, tokenized, group) -> List[ReqState]:
-        rids = [t.rid for t in tokenized]
-        for rid in rids:
-            if rid in self.rid_to_state or rids.count(rid) > 1:
-                raise ValueError(f"Duplicate request ID detected: {rid}")
+        seen = set()
+        for t in tokenized:
+            if t.rid in self.rid_to_state or t.rid in seen:
+                raise ValueError(f"Duplicate request ID detected: {t.rid}")
+            seen.add(t.rid)
         states = []
         for e, t in zip(entries, tokenized):
             state = ReqState(obj=e, group=group, input_len=len(t.input_ids))
@@ -124,8 +128,9 @@ class TokenizerManager:
         for t in tokenized:
             if self.metrics is not None:
                 self.metrics.on_request_start(len(t.input_ids))
+        for e in entries:
             if self.request_logger is not None:
-                self.request_logger.on_receive(t)
+                self.request_logger.on_receive(e)
         return states
 
     def _forget(self, states: List[ReqState]) -> None:
@@ -282,6 +287,10 @@ class TokenizerManager:
             if reason is not None:
                 meta["e2e_latency"] = time.time() - st.created_time
                 st.finished = True
+                if reason.get("type") == "abort" and reason.get("status_code") == 500:
+                    # e.g. the detokenizer failed it: make sure the scheduler stops it too (a no-op
+                    # when the scheduler is the one that ended it).
+                    self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
                 if self.metrics is not None:
                     self.metrics.on_request_finish(out.prompt_tokens[i], out.completion_tokens[i], out.cached_tokens[i],
                                                    meta["e2e_latency"])
@@ -295,9 +304,11 @@ class TokenizerManager:
     def _add_logprobs(self, meta: dict, st: ReqState, out: BatchStrOutput, i: int) -> None:
         st.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
         st.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
+        st.output_token_ids_logprobs.extend(_at(out.output_token_ids_logprobs, i) or [])
         if out.input_token_logprobs[i] is not None:
             st.input_token_logprobs = out.input_token_logprobs[i]
             st.input_top_logprobs = out.input_top_logprobs[i]
+            st.input_token_ids_logprobs = _at(out.input_token_ids_logprobs, i)
         with_text = st.obj.return_text_in_logprobs
 
         def fmt(pairs):
@@ -310,6 +321,9 @@ class TokenizerManager:
         meta["output_token_logprobs_length"] = len(st.output_token_logprobs)
         meta["input_top_logprobs"] = [fmt(t) if t else None for t in (st.input_top_logprobs or [])]
         meta["output_top_logprobs"] = [fmt(t) if t else None for t in st.output_top_logprobs]
+        if st.obj.token_ids_logprob is not None:  # upstream's keys, one list per position
+            meta["input_token_ids_logprobs"] = [fmt(t) if t else None for t in (st.input_token_ids_logprobs or [])]
+            meta["output_token_ids_logprobs"] = [fmt(t) if t else None for t in st.output_token_ids_logprobs]
 
     def _tok_text(self, tid):
         return self.tokenizer.decode([tid]) if self.tokenizer is not None else None
@@ -328,6 +342,10 @@ class TokenizerManager:
     async def get_internal_state(self) -> dict:
         out: GetInternalStateReqOutput = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
         return out.internal_state
+
+
+def _at(values: list, i: int):
+    return values[i] if i < len(values) else None
 
 
 async def _run_all(coros) -> None:

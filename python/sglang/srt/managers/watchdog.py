@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerWatchdog:
-    def __init__(self, scheduler, watchdog_timeout: float, on_timeout=None):
+    def __init__(self, scheduler, watchdog_timeout: float, on_timeout=None, notify_parent: bool = True):
+        self.notify_parent = notify_parent
         self.scheduler = scheduler
         self.watchdog_timeout = watchdog_timeout
         self.soft = False
@@ -29,11 +30,11 @@ class SchedulerWatchdog:
         self.thread = threading.Thread(target=self._run, name="sglang-scheduler-watchdog", daemon=True)
 
     @classmethod
-    def start_for(cls, scheduler, server_args):
+    def start_for(cls, scheduler, server_args, notify_parent: bool = True):
         timeout = server_args.watchdog_timeout
         if timeout is None or timeout <= 0:
             return None
-        dog = cls(scheduler, float(timeout))
+        dog = cls(scheduler, float(timeout), notify_parent=notify_parent)
         dog.thread.start()
         return dog
 
@@ -56,4 +57,4 @@ class SchedulerWatchdog:
             return
         from sglang.srt.managers.scheduler_process import notify_parent_and_exit
 
-        notify_parent_and_exit(1)
+        notify_parent_and_exit(1, self.notify_parent)

@@ -35,14 +35,50 @@ def configure_logging(server_args, prefix: str = "") -> None:
 
 
 def configure_subprocess(name: str, server_args, torch_threads: int = 1) -> None:
-    """Common set-up of scheduler/detokenizer subprocesses."""
+    """Common set-up of scheduler/detokenizer subprocesses.
+
+    SIGTERM (the parent's shutdown) becomes a normal exit (`SystemExit(0)`), so the process's
+    exit handlers run: multiprocessing unlinks the semaphores it created (tqdm makes one), and
+    nothing is left for the resource tracker to report as leaked."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and shuts us down
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     configure_logging(server_args, name)
     if torch_threads:
         import torch
 
         torch.set_num_threads(torch_threads)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough
+    raise SystemExit(0)
+
+
+def stop_resource_tracker(timeout: float = 5.0) -> None:
+    """multiprocessing's resource tracker is a child of this process too. A server stops it at
+    exit (it unlinks whatever is still registered) and waits for it, bounded, so that no child
+    outlives the server. Only for a process that owns all its children (not an Engine host,
+    whose application may use multiprocessing itself)."""
+    import psutil
+
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker = resource_tracker._resource_tracker
+        pid, fd = getattr(tracker, "_pid", None), getattr(tracker, "_fd", None)
+        if pid is None or fd is None:
+            return
+        tracker._pid = tracker._fd = None
+        os.close(fd)  # the tracker exits on EOF once every child (holding a copy) is gone
+        proc = psutil.Process(pid)
+        try:
+            proc.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
 
 
 def kill_process_tree(pid: int, include_parent: bool = True, timeout: float = 5.0) -> None:

@@ -239,6 +239,10 @@ class MooncakeKVSender(BaseKVSender):
             self.clear()
         raise self._failure
 
+    def aborted_by_peer(self) -> bool:
+        """The decode side aborted this room (its client hung up or asked for it): not an error here."""
+        return self.bootstrap_room in self.kv_mgr.peer_aborted_rooms
+
     def get_transfer_metric(self) -> KVTransferMetric:
         return self.kv_mgr.transfer_metrics.get(self.bootstrap_room, KVTransferMetric())
 
@@ -266,6 +270,7 @@ class MooncakeKVReceiver(BaseKVReceiver):
         self.metadata_time: Optional[float] = None
         self.bootstrap_deadline = float("inf")
         self.next_bootstrap_try = 0.0
+        self.abort_pending: Optional[List[bytes]] = None  # an abort to deliver once bootstrapped
         mgr.update_status(bootstrap_room, KVPoll.Bootstrapping)
         mgr.addr_to_rooms.setdefault(bootstrap_addr, set()).add(bootstrap_room)
 
@@ -282,6 +287,10 @@ class MooncakeKVReceiver(BaseKVReceiver):
     def _on_bootstrapped(self, ranks: List[dict]) -> None:
         with self._lock:
             self.bootstrap_infos = ranks
+            if self.abort_pending is not None:  # aborted before the bootstrap resolved: only say so
+                self._send_to_prefill(self.abort_pending)
+                self.abort_pending = None
+                return
             self.kv_mgr.required_prefill_responses[self.bootstrap_room] = len(ranks)
             self.kv_mgr.room_peers[self.bootstrap_room] = [f"{r['rank_ip']}:{r['rank_port']}" for r in ranks]
             self.kv_mgr.update_status(self.bootstrap_room, KVPoll.WaitingForInput)
@@ -352,11 +361,20 @@ class MooncakeKVReceiver(BaseKVReceiver):
             rooms.discard(self.bootstrap_room)
 
     def abort(self) -> None:
+        """Tells the prefill to drop this room, also when the bootstrap is still resolving (the
+        abort then goes out as soon as the prefill's rank is known), so that the prefill never
+        waits for metadata that will not come."""
         self.kv_mgr.fail(self.bootstrap_room, ABORT_REASON)
         self.conclude_state = KVPoll.Failed
+        frames = build_abort_message(self.bootstrap_room, self.kv_mgr.session_id, ABORT_REASON)
         with self._lock:
             self._pending_metadata = None
-            self._send_to_prefill(build_abort_message(self.bootstrap_room, self.kv_mgr.session_id, ABORT_REASON))
+            if self.bootstrap_infos is None:
+                self.abort_pending = frames
+                if self.bootstrap_deadline == float("inf"):  # never queued: resolve just to deliver it
+                    self.init(0)
+            else:
+                self._send_to_prefill(frames)
 
 
 class MooncakeKVBootstrapServer(KVBootstrapServer):

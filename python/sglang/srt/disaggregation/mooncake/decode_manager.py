@@ -153,7 +153,8 @@ class DecodeManagerMixin:
             still: List["MooncakeKVReceiver"] = []
             pass_errors: Dict[str, Exception] = {}  # one failed try per address per pass, not per request
             for rcv in pending:
-                if rcv.conclude_state is not None or self.check_status(rcv.bootstrap_room) == KVPoll.Failed:
+                concluded = rcv.conclude_state is not None or self.check_status(rcv.bootstrap_room) == KVPoll.Failed
+                if concluded and rcv.abort_pending is None:
                     continue
                 now = time.monotonic()
                 if now < rcv.next_bootstrap_try:

@@ -22,6 +22,7 @@ from sglang.srt.disaggregation.mooncake.messages import (
     REGISTRATION_ROOM,
     KVArgsRegisterInfo,
     TransferInfo,
+    encode_failure,
     build_status_message,
     parse_abort_message,
 )
@@ -47,8 +48,10 @@ class PrefillManagerMixin:
         self.transfer_infos: Dict[int, Dict[str, TransferInfo]] = {}
         self.decode_kv_args_table: Dict[str, KVArgsRegisterInfo] = {}
         self.closed_rooms: Dict[int, str] = {}  # aborted / failed rooms: late metadata is answered with Failed
+        self.peer_aborted_rooms: Dict[int, None] = {}  # rooms the decode side aborted (bounded like closed_rooms)
         self.rejected_sessions: Dict[str, str] = {}  # decode peers whose registration was refused: why
         self.max_transfer_blocks = max(int(env_float("SGLANG_DISAGGREGATION_MAX_TRANSFER_BLOCKS", 2048)), 1)
+        self.transfer_retries = max(int(env_float("SGLANG_DISAGGREGATION_TRANSFER_RETRIES", 6)), 0)
         n = max(int(env_float("SGLANG_DISAGGREGATION_QUEUE_SIZE", 4)), 1)
         self.transfer_queues: List[queue.Queue] = [queue.Queue() for _ in range(n)]
         self._start_thread(self._prefill_bootstrap_thread, "kv-prefill-bootstrap")
@@ -126,6 +129,9 @@ class PrefillManagerMixin:
                         self.rejected_sessions.pop(info.mooncake_session_id, None)
                 elif msg[0] == ABORT_TAG:
                     room, session_id, reason = parse_abort_message(msg)
+                    self.peer_aborted_rooms[room] = None
+                    while len(self.peer_aborted_rooms) > _MAX_CLOSED_ROOMS:
+                        self.peer_aborted_rooms.pop(next(iter(self.peer_aborted_rooms)))
                     self._close_room(room, f"Request {room} was aborted by the decode instance ({reason})", notify=False)
                 else:
                     self._on_transfer_info(TransferInfo.from_zmq(msg))
@@ -152,6 +158,11 @@ class PrefillManagerMixin:
         infos[info.mooncake_session_id] = info
         if len(infos) >= info.required_dst_info_num:
             self.update_status(room, KVPoll.WaitingForInput)
+
+    def reject_room(self, room: int, message: str, status_code: int) -> None:
+        """This server refused the request before it had a sender: the decode side, whose
+        metadata may still come, gets Failed with the status to answer its client with."""
+        self._close_room(room, encode_failure(message, status_code), notify=True)
 
     def _close_room(self, room: int, reason: str, notify: bool) -> None:
         """Fail a room on prefill; tell its decode destinations when `notify`."""
@@ -184,14 +195,31 @@ class PrefillManagerMixin:
                 self._close_room(chunk.room, f"KV transfer of request {chunk.room} failed: {e}", notify=True)
 
     def _transfer_data(self, session_id: str, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
-        """One batch_transfer_sync_write per chunk; split only past the engine's batch limit
-        (Mooncake refuses batches of a few thousand blocks: fragmented pages at page_size 1)."""
+        """One batch_transfer_sync_write per chunk, split only past the engine's batch limit
+        (Mooncake refuses batches of a few thousand blocks: fragmented pages at page_size 1).
+
+        A failed batch is retried in halves with a short backoff: Mooncake's TCP transport
+        rejects work when its lane queues are full under concurrency ("TCP lane queue-full
+        rejection"), which is backpressure, not a dead peer. The writes are idempotent."""
         n = self.max_transfer_blocks
         for i in range(0, len(srcs), n):
-            ret = self.engine.batch_transfer_sync(session_id, srcs[i : i + n], dsts[i : i + n], lens[i : i + n])
+            ret = self._transfer_with_retry(session_id, srcs[i : i + n], dsts[i : i + n], lens[i : i + n])
             if ret < 0:
                 return ret
         return 0
+
+    def _transfer_with_retry(self, session_id: str, srcs, dsts, lens, attempt: int = 0) -> int:
+        ret = self.engine.batch_transfer_sync(session_id, srcs, dsts, lens)
+        if ret >= 0 or attempt >= self.transfer_retries:
+            return ret
+        time.sleep(min(0.005 * (2 ** attempt), 0.25))
+        if len(srcs) == 1:
+            return self._transfer_with_retry(session_id, srcs, dsts, lens, attempt + 1)
+        h = len(srcs) // 2
+        first = self._transfer_with_retry(session_id, srcs[:h], dsts[:h], lens[:h], attempt + 1)
+        if first < 0:
+            return first
+        return self._transfer_with_retry(session_id, srcs[h:], dsts[h:], lens[h:], attempt + 1)
 
     def _process_chunk(self, chunk: TransferKVChunk) -> None:
         room = chunk.room
@@ -214,6 +242,8 @@ class PrefillManagerMixin:
                 continue
             ret = self._transfer_data(info.mooncake_session_id, srcs, dsts, lens)
             if ret < 0:
+                logger.error("KV transfer of request %s to %s:%s failed (ret=%s, after %d retries)", room,
+                             info.endpoint, info.dst_port, ret, self.transfer_retries)
                 self._close_room(
                     room,
                     f"Failed to send KV chunk of request {room} to {info.endpoint}:{info.dst_port} "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Lenient(BaseModel):
@@ -291,9 +291,22 @@ class ChatCompletionStreamResponse(BaseModel):
 
 
 class TokenizeRequest(_Lenient):
+    """A prompt, or chat `messages` rendered with the chat template first (upstream's newest shape)."""
+
     model: Optional[str] = None
-    prompt: Union[str, List[str]]
+    prompt: Optional[Union[str, List[str]]] = None
+    messages: Optional[List["ChatCompletionMessage"]] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("Exactly one of 'prompt' or 'messages' must be provided.")
+        return self
 
 
 class TokenizeResponse(BaseModel):

@@ -63,6 +63,10 @@ class ServingContext:
         return self.server_args.served_model_name or self.server_args.model_path
 
     @property
+    def enable_cache_report(self) -> bool:
+        return bool(self.server_args.enable_cache_report)
+
+    @property
     def context_len(self) -> int:
         return self.tokenizer_manager.context_len
 
@@ -191,29 +195,31 @@ def passthrough_fields(req) -> Dict[str, Any]:
     )
 
 
-def usage_from_outputs(outputs: List[dict], n: int) -> UsageInfo:
+def usage_from_outputs(outputs: List[dict], n: int, report_cached: bool = False) -> UsageInfo:
     """Prompt tokens count once per prompt (every n-th output); completions count per choice."""
     prompt = sum(o["meta_info"]["prompt_tokens"] for o in outputs[::max(n, 1)])
     cached = sum(o["meta_info"].get("cached_tokens", 0) for o in outputs[::max(n, 1)])
     completion = sum(o["meta_info"]["completion_tokens"] for o in outputs)
-    return make_usage(prompt, completion, cached)
+    return make_usage(prompt, completion, cached, report_cached)
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, report_cached: bool = False) -> UsageInfo:
+    """`prompt_tokens_details.cached_tokens` only with --enable-cache-report, as upstream."""
     return UsageInfo(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details={"cached_tokens": cached_tokens},
+        prompt_tokens_details={"cached_tokens": cached_tokens} if report_cached else None,
     )
 
 
-def streaming_usage(prompt: Dict[int, int], completion: Dict[int, int], cached: Dict[int, int], n: int) -> UsageInfo:
+def streaming_usage(prompt: Dict[int, int], completion: Dict[int, int], cached: Dict[int, int], n: int,
+                    report_cached: bool = False) -> UsageInfo:
     n = max(n, 1)
     p = sum(v for i, v in prompt.items() if i % n == 0)
     c = sum(completion.values())
     ca = sum(v for i, v in cached.items() if i % n == 0)
-    return make_usage(p, c, ca)
+    return make_usage(p, c, ca, report_cached)
 
 
 # ----------------------------------------------------------------------------- finish reasons

@@ -47,6 +47,15 @@ class OpenAIServingChat(OpenAIServingBase):
             return f"n must be at least 1, got {request.n}."
         if self.ctx.tokenizer_manager.tokenizer is None:
             return "The chat API needs the tokenizer; the server runs with --skip-tokenizer-init."
+        error = _validate_tools(request)
+        if error:
+            return error
+        # Upstream's check (and text, missing space included), against --context-length or the model's.
+        max_output_tokens = request.max_completion_tokens or request.max_tokens
+        context_len = self.ctx.server_args.context_length or self.ctx.context_len
+        if max_output_tokens and max_output_tokens > context_len and not self.ctx.server_args.allow_auto_truncate:
+            return (f"max_completion_tokens is too large: {max_output_tokens}."
+                    f"This model supports at most {context_len} completion tokens.")
         return None
 
     # --- request -> token ids ------------------------------------------------------------------
@@ -69,7 +78,8 @@ class OpenAIServingChat(OpenAIServingBase):
             msgs.append(d)
         return msgs
 
-    def _prompt_ids(self, request: ChatCompletionRequest) -> List[int]:
+    def prompt_ids(self, request) -> List[int]:
+        """Token ids of `request.messages` rendered with the chat template (also for /v1/tokenize)."""
         tok = self.ctx.tokenizer_manager.tokenizer
         msgs = self._messages(request)
         kwargs = dict(request.chat_template_kwargs or {})
@@ -77,7 +87,7 @@ class OpenAIServingChat(OpenAIServingBase):
         if request.continue_final_message and msgs and msgs[-1]["role"] == "assistant":
             add_generation_prompt = False
             kwargs["continue_final_message"] = True
-        if request.tools:
+        if request.tools and request.tool_choice != "none":
             kwargs["tools"] = request.tools
         if self._chat_template is not None:
             kwargs["chat_template"] = self._chat_template
@@ -92,7 +102,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def _convert(self, request: ChatCompletionRequest) -> GenerateReqInput:
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         return GenerateReqInput(
-            input_ids=self._prompt_ids(request),
+            input_ids=self.prompt_ids(request),
             sampling_params=build_sampling_params(request, max_tokens, self.ctx.model_sampling_defaults),
             return_logprob=request.logprobs,
             top_logprobs_num=request.top_logprobs or 0,
@@ -116,7 +126,7 @@ class OpenAIServingChat(OpenAIServingBase):
             id=outputs[0]["meta_info"]["id"],
             model=request.model or self.ctx.served_model_name,
             choices=choices,
-            usage=usage_from_outputs(outputs, request.n),
+            usage=usage_from_outputs(outputs, request.n, self.ctx.enable_cache_report),
         )
 
     # --- streaming ----------------------------------------------------------------------------
@@ -130,7 +140,7 @@ class OpenAIServingChat(OpenAIServingBase):
         continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
 
         def chunk(index, delta, reason=None, matched=None, logprobs=None):
-            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n) if continuous else None
+            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n, self.ctx.enable_cache_report) if continuous else None
             c = ChatCompletionStreamResponse(
                 id=response_id, created=created, model=model, usage=usage,
                 choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, logprobs=logprobs,
@@ -164,9 +174,36 @@ class OpenAIServingChat(OpenAIServingBase):
         for index, (reason, matched) in sorted(finished.items()):
             yield chunk(index, DeltaMessage(), reason=reason, matched=matched)
         if request.stream_options and request.stream_options.include_usage and response_id is not None:
-            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n)
+            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n, self.ctx.enable_cache_report)
             c = ChatCompletionStreamResponse(id=response_id, created=created, model=model, choices=[], usage=usage)
             yield f"data: {c.model_dump_json()}\n\n"
+
+
+TOOL_CALLING_UNSUPPORTED = (
+    "Tool calling (tools with tool_choice auto, required or a named function) is not supported by this "
+    "server yet; send tool_choice \"none\" to chat without tools."
+)
+
+
+def _validate_tools(request: ChatCompletionRequest) -> Optional[str]:
+    """Upstream's tool_choice checks (and texts); tools that would be used are refused until
+    tool calling exists (with tool_choice "none" they are ignored, as upstream)."""
+    choice = request.tool_choice
+    if isinstance(choice, str):
+        if choice.lower() not in ("none", "auto", "required"):
+            return f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}."
+        if choice.lower() == "required" and not request.tools:
+            return "Tools cannot be empty if tool choice is set to required."
+    elif isinstance(choice, dict):
+        if not request.tools:
+            return "Tools cannot be empty if tool choice is set to a specific tool."
+        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        names = {(t.get("function") or {}).get("name") for t in request.tools if isinstance(t, dict)}
+        if name not in names:
+            return f"Tool '{name}' not found in tools list."
+    if request.tools and choice != "none":
+        return TOOL_CALLING_UNSUPPORTED
+    return None
 
 
 def _load_chat_template_file(path: Optional[str]) -> Optional[str]:

@@ -94,7 +94,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             id=outputs[0]["meta_info"]["id"],
             model=request.model or self.ctx.served_model_name,
             choices=choices,
-            usage=usage_from_outputs(outputs, request.n),
+            usage=usage_from_outputs(outputs, request.n, self.ctx.enable_cache_report),
         )
 
     # --- streaming ----------------------------------------------------------------------------
@@ -128,12 +128,12 @@ class OpenAIServingCompletion(OpenAIServingBase):
             continuous = request.stream_options is not None and request.stream_options.continuous_usage_stats
             chunk = CompletionStreamResponse(
                 id=response_id, created=created, model=model,
-                usage=streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n) if continuous else None,
+                usage=streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n, self.ctx.enable_cache_report) if continuous else None,
                 choices=[CompletionResponseStreamChoice(index=index, text=delta, logprobs=logprobs,
                                                         finish_reason=reason, matched_stop=matched)],
             )
             yield f"data: {chunk.model_dump_json()}\n\n"
         if request.stream_options and request.stream_options.include_usage and response_id is not None:
-            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n)
+            usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n, self.ctx.enable_cache_report)
             chunk = CompletionStreamResponse(id=response_id, created=created, model=model, choices=[], usage=usage)
             yield f"data: {chunk.model_dump_json()}\n\n"

@@ -12,10 +12,17 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import ServingContext, create_error_response
 
 
-def tokenize(ctx: ServingContext, request: TokenizeRequest):
+def tokenize(ctx: ServingContext, request: TokenizeRequest, chat=None):
+    """`chat`: the chat handler, whose template renders `messages` exactly as a chat request would."""
     tok = ctx.tokenizer_manager.tokenizer
     if tok is None:
         return create_error_response("Tokenization needs the tokenizer; the server runs with --skip-tokenizer-init.")
+    if request.messages is not None:
+        try:
+            ids = chat.prompt_ids(request)
+        except ValueError as e:
+            return create_error_response(str(e))
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=ctx.context_len)
     if isinstance(request.prompt, str):
         ids = tok.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=ctx.context_len)

@@ -1,0 +1,136 @@
+"""The request fuzzer against PD deployments (issue 13): 1P1D over Mooncake TCP behind the real
+sglang-router, behind the in-tree mini_lb (same servers), and a Mamba2 hybrid (NemotronH) pair.
+
+After each run: every valid request got a 200 of the right shape, every invalid one a 4xx, no
+5xx; prefill, decode and router are healthy; every pool of both servers (KV tokens, request
+slots, metadata rows, Mamba slots, host pool) is back to its free size; greedy output through
+the router still equals HF transformers. The first test is the issue's own probe: n=2 on every
+route through the router (it used to kill the prefill scheduler).
+"""
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from sglang.test.fuzz.cases import FuzzTarget
+from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
+from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
+from sglang.test.server_utils import hf_greedy_reference, wait_healthy_or_stop
+from sglang.test.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.server
+
+COMMON = ["--context-length", "512", "--max-total-tokens", "4096", "--chunked-prefill-size", "64"]
+NUM_CASES = 180
+PROMPT = [5, 6, 7, 8, 9, 10]
+GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+
+
+def url(port):
+    return f"http://127.0.0.1:{port}"
+
+
+def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False):
+    procs = []
+    ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router", "lb")}
+    try:
+        procs.append(launch_prefill(model, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / f"{name}_p.log")))
+        procs.append(launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log")))
+        procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
+                                   log_path=str(logs / f"{name}_router.log")))
+        if with_mini_lb:
+            lb = subprocess.Popen([sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", "127.0.0.1",
+                                   "--port", str(ports["lb"]), "--prefill", url(ports["prefill"]),
+                                   "--decode", url(ports["decode"]), "--prefill-bootstrap-ports", str(ports["boot"])],
+                                  stdout=open(logs / f"{name}_lb.log", "wb"), stderr=subprocess.STDOUT)
+            procs.append(wait_healthy_or_stop(lb, ports["lb"], 60))
+    except BaseException:
+        for p in reversed(procs):
+            stop_server(p)
+        raise
+    return ports, procs
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_llama")), "llama", seed=17)
+    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), "llama", with_mini_lb=True)
+    yield {"ports": ports, "model": model}
+    for p in reversed(procs):
+        stop_server(p)
+
+
+@pytest.fixture(scope="module")
+def nemotron(tmp_path_factory):
+    model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_nemo")), "nemotron_h", seed=18)
+    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), "nemo")
+    yield {"ports": ports, "model": model}
+    for p in reversed(procs):
+        stop_server(p)
+
+
+def _target(front_port, decode_port, behind_router: bool) -> FuzzTarget:
+    info = requests.get(url(decode_port) + "/server_info", timeout=30).json()
+    return FuzzTarget(url=url(front_port), vocab_size=info["vocab_size"], context_len=info["context_len"],
+                      behind_sglang_router=behind_router, tokenize_routes=False,
+                      abort_urls=[url(decode_port)], pd=True)
+
+
+def _after_run(dep, front: str):
+    ports = dep["ports"]
+    for p in ("prefill", "decode"):
+        assert requests.get(url(ports[p]) + "/health", timeout=10).status_code == 200
+    assert requests.get(front + "/health", timeout=10).status_code == 200
+    assert_pools_restored([url(ports["prefill"]), url(ports["decode"])])
+    r = requests.post(front + "/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY}, timeout=60)
+    want, _, _ = hf_greedy_reference(dep["model"], PROMPT, GREEDY["max_new_tokens"])
+    assert r.status_code == 200 and r.json()["output_ids"] == want, r.text
+
+
+def test_issue_probe_n2_on_every_route_through_the_router(llama):
+    """n=2 through the router: one room (completions) or a list of rooms (chat) for two samples."""
+    router = url(llama["ports"]["router"])
+    want, _, _ = hf_greedy_reference(llama["model"], PROMPT, GREEDY["max_new_tokens"])
+    r = requests.post(router + "/generate", timeout=60, json={"input_ids": PROMPT, "sampling_params": {**GREEDY, "n": 2}})
+    assert r.status_code == 200, r.text
+    assert [o["output_ids"] for o in r.json()] == [want, want]
+    r = requests.post(router + "/generate", timeout=60, json={"input_ids": [PROMPT, PROMPT[:3]],
+                                                              "sampling_params": {**GREEDY, "n": 2}})
+    assert r.status_code == 200, r.text
+    outs = [o["output_ids"] for o in r.json()]
+    assert len(outs) == 4 and outs[0] == outs[1] == want and outs[2] == outs[3]
+    c = requests.post(router + "/v1/completions", timeout=60, json={
+        "model": "m", "prompt": "Hello there", "n": 2, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert c.status_code == 200, c.text
+    texts = [ch["text"] for ch in c.json()["choices"]]
+    assert len(texts) == 2 and texts[0] == texts[1]
+    ch = requests.post(router + "/v1/chat/completions", timeout=60, json={
+        "model": "m", "messages": [{"role": "user", "content": "Hi"}], "n": 3, "max_tokens": 8, "temperature": 0})
+    assert ch.status_code == 200, ch.text
+    contents = [x["message"]["content"] for x in ch.json()["choices"]]
+    assert len(contents) == 3 and len(set(contents)) == 1
+    for port in ("prefill", "decode", "router"):
+        assert requests.get(url(llama["ports"][port]) + "/health", timeout=10).status_code == 200
+
+
+def test_fuzz_through_the_real_router(llama):
+    ports = llama["ports"]
+    report = run_fuzz(_target(ports["router"], ports["decode"], True), num_cases=NUM_CASES, concurrency=32, seed=1302)
+    assert not report.violations, report.summary()
+    _after_run(llama, url(ports["router"]))
+
+
+def test_fuzz_through_the_in_tree_mini_lb(llama):
+    ports = llama["ports"]
+    report = run_fuzz(_target(ports["lb"], ports["decode"], False), num_cases=NUM_CASES, concurrency=32, seed=1303)
+    assert not report.violations, report.summary()
+    _after_run(llama, url(ports["lb"]))
+
+
+def test_fuzz_mamba2_hybrid_pair_through_the_router(nemotron):
+    ports = nemotron["ports"]
+    report = run_fuzz(_target(ports["router"], ports["decode"], True), num_cases=NUM_CASES, concurrency=32, seed=1304)
+    assert not report.violations, report.summary()
+    _after_run(nemotron, url(ports["router"]))
