@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -22,7 +23,7 @@ from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
 
-COMMON = ["--context-length", "512", "--max-total-tokens", "4096", "--chunked-prefill-size", "64"]
+COMMON = ["--context-length", "512", "--max-total-tokens", "4096", "--chunked-prefill-size", "64", "--enable-metrics"]
 NUM_CASES = 180
 PROMPT = [5, 6, 7, 8, 9, 10]
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
@@ -84,6 +85,10 @@ def _after_run(dep, front: str):
         assert requests.get(url(ports[p]) + "/health", timeout=10).status_code == 200
     assert requests.get(front + "/health", timeout=10).status_code == 200
     assert_pools_restored([url(ports["prefill"]), url(ports["decode"])])
+    for p in ("prefill", "decode"):  # --enable-metrics works on both roles, counted the fuzzed requests
+        text = requests.get(url(ports[p]) + "/metrics", timeout=30).text
+        samples = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+        assert samples["sglang:num_requests_total"] > 0 and samples["sglang:num_running_reqs"] == 0
     r = requests.post(front + "/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY}, timeout=60)
     want, _, _ = hf_greedy_reference(dep["model"], PROMPT, GREEDY["max_new_tokens"])
     assert r.status_code == 200 and r.json()["output_ids"] == want, r.text

@@ -29,7 +29,8 @@ def server(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama", max_position_embeddings=CONTEXT_LEN)
     port = find_free_port()
     log = str(tmp_path_factory.mktemp("log") / "server.log")
-    proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--enable-metrics"],
+    proc = popen_launch_server(model, port, ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--enable-metrics",
+                                             "--log-requests", "--log-requests-level", "1"],
                                api_key=API_KEY, log_path=log)
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {API_KEY}"
@@ -309,6 +310,50 @@ def test_abort_request_by_rid(server):
     assert meta["finish_reason"]["type"] == "abort"
     assert meta["completion_tokens"] < LONG_TOKENS
     _wait_idle(server)
+
+
+def test_abort_matches_the_rid_exactly(server):
+    """Aborting "x1" must not abort "x10" (upstream matches rid prefixes; this fork does not)."""
+    t10, box10 = _generate_in_thread(server, {"text": "ten", "rid": "x10",
+                                              "sampling_params": {"temperature": 0, "max_new_tokens": 2000,
+                                                                  "ignore_eos": True}})
+    t1, box1 = _generate_in_thread(server, {"text": "one", "sampling_params": LONG, "rid": "x1"})
+    _wait_running(server, 2)
+    assert _post(server, "/abort_request", {"rid": "x1"}).status_code == 200
+    t1.join(60)
+    t10.join(120)
+    assert box1["response"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert box1["response"].json()["meta_info"]["finish_reason"]["message"] == "Aborted"
+    assert box10["response"].json()["meta_info"]["finish_reason"] == {"type": "length", "length": 2000}
+    _wait_idle(server)
+
+
+def test_start_up_log_redacts_the_api_key_and_requests_are_logged(server):
+    _post(server, "/generate", {"text": "please keep this prompt private", "rid": "logged-1",
+                                "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    log = read_log(server["proc"])
+    assert "server_args=ServerArgs(" in log and "api_key='<redacted>'" in log
+    assert API_KEY not in log
+    receive = [line for line in log.splitlines() if "Receive: obj=GenerateReqInput(" in line and "logged-1" in line]
+    finish = [line for line in log.splitlines() if "Finish: obj=GenerateReqInput(" in line and "logged-1" in line]
+    assert receive and finish, log[-3000:]
+    assert "please keep this prompt private" not in receive[0] + finish[0]  # level 1: no prompt text
+    assert "'e2e_latency':" in finish[0] and "'completion_tokens': 2" in finish[0]
+    assert "sampling_params={" in receive[0]  # level 1 keeps the sampling parameters
+
+
+def test_tokenize_accepts_chat_messages(server):
+    messages = [{"role": "user", "content": "Hi there"}]
+    r = _post(server, "/v1/tokenize", {"messages": messages})
+    assert r.status_code == 200, r.text
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(server["model"])
+    want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert r.json()["tokens"] == tok.encode(want, add_special_tokens=False)
+    assert r.json()["count"] == len(r.json()["tokens"])
+    bad = _post(server, "/v1/tokenize", {"messages": messages, "prompt": "x"})
+    assert bad.status_code == 400 and "Exactly one of 'prompt' or 'messages' must be provided." in bad.text
 
 
 def test_abort_all(server):

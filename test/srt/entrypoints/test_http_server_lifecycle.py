@@ -26,11 +26,11 @@ LONG = {"temperature": 0, "max_new_tokens": 8000, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """Two servers started side by side (one is shut down, the other loses its scheduler)."""
+    """Servers started side by side (one is shut down, one loses its scheduler, one gets a child's SIGQUIT)."""
     model = make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama")), "llama", max_position_embeddings=CONTEXT_LEN)
     logs = tmp_path_factory.mktemp("logs")
     started = {}
-    for name, extra in (("term", ["--skip-server-warmup"]), ("dead", [])):
+    for name, extra in (("term", ["--skip-server-warmup"]), ("dead", []), ("quit", ["--skip-server-warmup"])):
         port = find_free_port()
         proc = popen_launch_server(model, port, ["--max-total-tokens", str(CONTEXT_LEN + 1024), *extra],
                                    log_path=str(logs / f"{name}.log"), wait=False)
@@ -147,3 +147,15 @@ def test_dead_scheduler_takes_the_whole_server_down(servers):
     assert "error" in box or box["response"].status_code >= 500, box
     log = read_log(s["proc"])
     assert "exited unexpectedly" in log and "The server exits with code 1" in log
+
+
+def test_sigquit_from_a_child_takes_the_server_down(servers):
+    """A child reports a fatal error with SIGQUIT (as upstream's do): the server exits 1, children first."""
+    s = servers["quit"]
+    procs = _tree(s["proc"].pid)
+    s["proc"].send_signal(signal.SIGQUIT)
+    assert s["proc"].wait(timeout=30) == 1
+    _, alive = psutil.wait_procs(procs, timeout=0.5)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    log = read_log(s["proc"])
+    assert "Received sigquit from a child process. It usually means the child failed." in log

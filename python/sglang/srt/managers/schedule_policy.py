@@ -53,11 +53,12 @@ class PrefillAdder:
         )
         self.new_token_ratio = new_token_ratio
         self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - reserved
-        # --enable-mixed-chunk: the running requests' decode tokens share the batch's token budgets.
-        self.rem_input_tokens = max_prefill_tokens - mixed_with_decode_tokens
+        # --enable-mixed-chunk: the running requests' decode tokens share the batch's token budgets
+        # (never below one page, or a page-aligned chunk could not make progress at all).
+        self.rem_input_tokens = max(max_prefill_tokens - mixed_with_decode_tokens, page_size)
         self.rem_chunk_tokens = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         if self.rem_chunk_tokens is not None:
-            self.rem_chunk_tokens -= mixed_with_decode_tokens
+            self.rem_chunk_tokens = max(self.rem_chunk_tokens - mixed_with_decode_tokens, page_size)
         self.can_run: List[Req] = []
         self.new_chunked_req: Optional[Req] = None
         # Hybrid SSM models: every admitted request needs a MambaPool slot (free, or freed by

@@ -131,6 +131,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                                        and server_args.chunked_prefill_size > 0)
         self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
         self.forward_started_at: Optional[float] = None  # read by the watchdog thread
+        self.num_mixed_batches = 0  # prefill batches that carried decode tokens (--enable-mixed-chunk)
         self.init_stats()
 
     def emit(self, reqs: List[Req]) -> None:
@@ -319,6 +320,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 self.tree_cache.cache_unfinished_req(req)
                 self.running_reqs.append(req)
         if decoding:
+            self.num_mixed_batches += 1
             base = len(done)
             for j, req in enumerate(decoding):
                 self._accept_token(req, int(next_ids[base + j]), samp, base + j)

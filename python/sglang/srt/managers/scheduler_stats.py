@@ -108,6 +108,7 @@ class SchedulerStatsMixin:
             "num_recomputed_tokens": self.num_recomputed_tokens,
             "new_token_ratio": self.new_token_ratio,
             "forward_ct": self.forward_ct,
+            "num_mixed_batches": self.num_mixed_batches,
             "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
             "disaggregation": {
                 "mode": self.disagg_mode,
