@@ -1,5 +1,5 @@
-"""PD faults seen from a client of the real sglang-router (issue 13): a request one side refuses,
-a request that alone would exhaust the decode pool, a client abort before the decode server
+"""PD faults seen from a client of the real sglang-router (issue 13): a request one side refuses
+(the decode for its pool, the prefill for its context), a client abort before the decode server
 bootstrapped, and a decode server that dies while requests wait on it. Each: the affected
 requests end with a clear answer within a bounded time (the router must not wait out a
 bootstrap timeout), nothing leaks, and whatever survives keeps serving. (A prefill killed while
@@ -26,6 +26,7 @@ FAST_FAIL = {
 }
 PARAMS = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 DECODE_POOL = 256
+PREFILL_CONTEXT = 160
 
 
 def url(port):
@@ -39,13 +40,14 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deployment(model_dir, tmp_path_factory):
-    """Prefill with a big pool, decode with a small one, the real router in front. The test that
-    kills the decode server runs last."""
+    """Prefill with a big pool and a short context, decode with a small pool and the model's
+    context, the real router in front. The test that kills the decode server runs last."""
     tmp_path = tmp_path_factory.mktemp("logs")
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router")}
     procs = {}
     try:
-        procs["prefill"] = launch_prefill(model_dir, ports["prefill"], ports["boot"], ["--max-total-tokens", "4096"],
+        procs["prefill"] = launch_prefill(model_dir, ports["prefill"], ports["boot"],
+                                          ["--max-total-tokens", "4096", "--context-length", str(PREFILL_CONTEXT)],
                                           env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
         procs["decode"] = launch_decode(model_dir, ports["decode"], ["--max-total-tokens", str(DECODE_POOL)],
                                         env=FAST_FAIL, log_path=str(tmp_path / "decode.log"))
@@ -72,11 +74,12 @@ def test_refusals_aborts_and_pool_exhaustion_end_promptly(deployment):
     r, took = _timed_post(router + "/generate", {"input_ids": list(range(1, 300)), "sampling_params": PARAMS})
     assert r.status_code == 400 and took < 4, (took, r.text)
     assert "exceeds the maximum allowed length" in r.text
-    # A prompt that fits but whose output alone would exhaust the pool: clamped, as upstream.
-    r, took = _timed_post(router + "/generate", {"input_ids": list(range(1, 201)),
-                                                 "sampling_params": {**PARAMS, "max_new_tokens": 500}})
-    assert r.status_code == 200, r.text
-    assert r.json()["meta_info"]["finish_reason"] == {"type": "length", "length": (DECODE_POOL - 1) - 200 - 1}
+    # A prompt only the prefill server refuses (longer than its context): its refusal reaches
+    # the decode server, which answers the same 400 instead of waiting for KV that never comes.
+    r, took = _timed_post(router + "/generate", {"input_ids": list(range(1, 181)), "sampling_params": PARAMS})
+    assert r.status_code == 400 and took < 4, (took, r.text)
+    assert "The prefill server refused the request" in r.text and "context length (160 tokens)" in r.text
+    # (A request whose output alone would exhaust the pool is clamped, as upstream: test_scheduler.py.)
     # An abort that reaches the decode server before it has bootstrapped with the prefill.
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(_timed_post, router + "/generate",
@@ -98,13 +101,13 @@ def test_decode_killed_while_requests_wait_on_it(deployment):
     router = url(ports["router"])
     with cf.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(_timed_post, router + "/generate",
-                          {"text": f"long one {i}", "sampling_params": {**PARAMS, "max_new_tokens": 200}})
+                          {"text": f"long one {i}", "sampling_params": {**PARAMS, "max_new_tokens": 140}})
                 for i in range(4)]
         time.sleep(1.0)
         procs["decode"].kill()
         results = [f.result(timeout=90) for f in futs]
     for r, took in results:
         assert took < 30, took
-        assert r.status_code >= 500 or r.json()["meta_info"]["completion_tokens"] <= 200
+        assert r.status_code >= 500 or r.json()["meta_info"]["completion_tokens"] == 140, r.text
     assert requests.get(url(ports["prefill"]) + "/health", timeout=10).status_code == 200
     assert_pools_restored([url(ports["prefill"])], timeout=30)

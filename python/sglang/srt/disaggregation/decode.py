@@ -113,20 +113,19 @@ class DecodeQueues:
             out["metadata_rows"] = self.metadata_allocator.size
         return out
 
-    def reject(self, req: Req, recv) -> None:
-        """The scheduler refused this request before it reached these queues: tell its prefill
-        server (which would otherwise wait for our metadata until its bootstrap timeout)."""
-        if self.is_fake(recv) or recv.bootstrap_host is None or recv.bootstrap_room is None:
+    def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
+        """This server refused a request before it reached these queues (tokenizer or scheduler):
+        tell its prefill server, which would otherwise wait for our metadata until its bootstrap timeout."""
+        if self.backend == "fake" or host in (None, FAKE_BOOTSTRAP_HOST) or room is None:
             return
-        port = recv.bootstrap_port or self.s.server_args.disaggregation_bootstrap_port
-        host = recv.bootstrap_host
+        port = port or self.s.server_args.disaggregation_bootstrap_port
         addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
+            receiver = self.receiver_cls(self.kv_manager, addr, room)
             receiver.abort()  # delivered once the prefill's rank is resolved
             receiver.clear()
         except Exception:  # noqa: BLE001 - best effort: the prefill's bootstrap timeout still ends it
-            logger.exception("Could not tell prefill %s that request %s was refused", addr, req.rid)
+            logger.exception("Could not tell prefill %s that room %s was refused", addr, room)
 
     def all_reqs(self) -> List[Req]:
         return self.prealloc_queue + self.transfer_queue + self.retracted_queue

@@ -191,13 +191,12 @@ class PrefillQueues:
         else:
             self._abort(req, self._failure_message(req))
 
-    def reject(self, req: Req, recv) -> None:
-        """The scheduler refused this request before it reached these queues: a decode peer that
-        asks for its room learns why (and answers its client with the same status)."""
-        if recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST) or recv.bootstrap_room is None:
+    def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
+        """This server refused a request before it reached these queues (tokenizer or scheduler): a
+        decode peer that asks for its room learns why (and answers its client with the same status)."""
+        if host in (None, FAKE_BOOTSTRAP_HOST) or room is None:
             return
-        reason = req.to_abort
-        self.kv_manager.reject_room(recv.bootstrap_room, reason.message, reason.status_code or 500)
+        self.kv_manager.reject_room(room, message, status_code or 500)
 
     def _failure_message(self, req: Req) -> str:
         try:

@@ -95,11 +95,23 @@ def serve(app, server_args, state: ServerState) -> None:
         timeout_graceful_shutdown=drain_s + 3,
         loop="uvloop",
     )
+    logging.getLogger("uvicorn.access").addFilter(_HealthCheckFilter())
     server = _Server(config)
     state.uvicorn_server = server
     if state.exit_code:  # a child died before uvicorn started
         return
     server.run()
+
+
+class _HealthCheckFilter(logging.Filter):
+    """Routers and supervisors probe /health every few seconds: a passing probe is not worth an
+    access-log line (a failing one still is)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 5 and str(args[2]).startswith("/health") and args[4] == 200:
+            return False
+        return True
 
 
 def watch_children(state: ServerState, procs, interval: float = 0.5) -> None:

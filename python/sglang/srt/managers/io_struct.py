@@ -149,6 +149,18 @@ class AbortReq:
 
 
 @dataclass
+class RejectedRequest:
+    """Tokenizer -> scheduler on a PD server: a request was refused before it was sent, and its
+    PD peer (which got the same request from the router) must be told not to wait for it."""
+
+    bootstrap_host: Optional[str]
+    bootstrap_port: Optional[int]
+    bootstrap_rooms: List[int]
+    message: str
+    status_code: int = 400
+
+
+@dataclass
 class FlushCacheReqInput:
     pass
 

@@ -100,9 +100,8 @@ class SchedulerIntakeMixin:
         if req.to_abort is None and self.queue_is_full():
             req.to_abort = FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable")
         if req.to_abort is not None:
-            for queues in (self.decode_queues, self.prefill_queues):
-                if queues is not None:
-                    queues.reject(req, recv)  # the PD peer must not wait for this request
+            self.reject_rooms(recv.bootstrap_host, recv.bootstrap_port, [recv.bootstrap_room],
+                              req.to_abort.message, req.to_abort.status_code)  # the PD peer must not wait
             self._finish_unscheduled(req)
         elif self.decode_queues is not None:
             self.decode_queues.add(req, recv)
@@ -110,6 +109,13 @@ class SchedulerIntakeMixin:
             self.prefill_queues.add(req, recv)
         else:
             self.waiting_queue.append(req)
+
+    def reject_rooms(self, host, port, rooms, message: str, status_code) -> None:
+        """Requests this server refused (here or in its tokenizer): their PD peer is told."""
+        for queues in (self.decode_queues, self.prefill_queues):
+            if queues is not None:
+                for room in rooms:
+                    queues.reject(host, port, room, message, status_code)
 
     def queue_is_full(self) -> bool:
         """--max-queued-requests (plain servers only, as upstream: PD roles have their own queues)."""

@@ -24,6 +24,7 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    RejectedRequest,
     SchedulerReady,
     TokenizedGenerateReqInput,
 )
@@ -79,6 +80,8 @@ class SchedulerLoop:
             s.add_request(msg)
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid, msg.abort_all)
+        elif isinstance(msg, RejectedRequest):
+            s.reject_rooms(msg.bootstrap_host, msg.bootstrap_port, msg.bootstrap_rooms, msg.message, msg.status_code)
         elif isinstance(msg, FlushCacheReqInput):
             self.send_to_detokenizer.send_pyobj(FlushCacheReqOutput(success=s.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):

@@ -25,6 +25,7 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    RejectedRequest,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_expansion import expand_request
@@ -98,7 +99,11 @@ class TokenizerManager:
             raise EngineDeadError(self.dead_reason)
         obj.normalize_batch_and_arguments()
         entries = expand_request(obj)
-        tokenized = [self.validator.validate_and_tokenize(e) for e in entries]  # all or nothing
+        try:
+            tokenized = [self.validator.validate_and_tokenize(e) for e in entries]  # all or nothing
+        except ValueError as e:
+            self._tell_pd_peer(entries, str(e))
+            raise
         group = obj.rid if isinstance(obj.rid, str) else None
         states = self._register(entries, tokenized, group)
         try:
@@ -112,6 +117,19 @@ class TokenizerManager:
                     yield out
         finally:
             self._forget(states)
+
+    def _tell_pd_peer(self, entries: List[GenerateReqInput], message: str) -> None:
+        """A PD server refused a request the router also sent to its peer: the scheduler tells
+        the peer, so that it does not wait for this request until a timeout."""
+        if self.server_args.disaggregation_mode == "null":
+            return
+        by_host = {}
+        for e in entries:
+            if isinstance(e.bootstrap_host, str) and isinstance(e.bootstrap_room, int):
+                by_host.setdefault((e.bootstrap_host, e.bootstrap_port), []).append(e.bootstrap_room)
+        for (host, port), rooms in by_host.items():
+            self.send_to_scheduler.send_pyobj(RejectedRequest(host, port if isinstance(port, int) else None, rooms,
+                                                              message, 400))
 
     def _register(self, entries, tokenized, group) -> List[ReqState]:
         seen = set()
