@@ -133,7 +133,7 @@ def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_pare
     except BaseException:  # noqa: BLE001 - fatal: as upstream, say so and take the server down
         import traceback
 
-        from sglang.srt.managers.scheduler_process import notify_parent_and_exit
+        from sglang.srt.utils.process import notify_parent_and_exit
 
         logger.error("DetokenizerManager hit an exception: %s", traceback.format_exc())
         notify_parent_and_exit(1, notify_parent)

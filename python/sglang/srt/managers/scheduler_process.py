@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
 import traceback
 
+from sglang.srt.utils.process import notify_parent_and_exit
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReqInput,
@@ -149,16 +148,3 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
     except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         notify_parent_and_exit(1, notify_parent)
-
-
-def notify_parent_and_exit(code: int, notify_parent: bool = True) -> None:
-    """Upstream's rule for a dead child: SIGQUIT to the parent, which takes the server down.
-    (Without `notify_parent`, the parent notices the exit by itself.)"""
-    if notify_parent:
-        try:
-            os.kill(os.getppid(), signal.SIGQUIT)
-        except OSError:
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -55,6 +55,6 @@ class SchedulerWatchdog:
         if self.on_timeout is not None:
             self.on_timeout()
             return
-        from sglang.srt.managers.scheduler_process import notify_parent_and_exit
+        from sglang.srt.utils.process import notify_parent_and_exit
 
         notify_parent_and_exit(1, self.notify_parent)

@@ -103,3 +103,18 @@ def kill_process_tree(pid: int, include_parent: bool = True, timeout: float = 5.
             p.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def notify_parent_and_exit(code: int, notify_parent: bool = True) -> None:
+    """A child's fatal error, upstream's way: SIGQUIT to the parent, which takes the server down.
+    (Without `notify_parent`, e.g. under an Engine, the parent notices the exit by itself.)"""
+    import sys
+
+    if notify_parent:
+        try:
+            os.kill(os.getppid(), signal.SIGQUIT)
+        except OSError:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -52,6 +52,7 @@ class PrefillManagerMixin:
         self.rejected_sessions: Dict[str, str] = {}  # decode peers whose registration was refused: why
         self.max_transfer_blocks = max(int(env_float("SGLANG_DISAGGREGATION_MAX_TRANSFER_BLOCKS", 2048)), 1)
         self.transfer_retries = max(int(env_float("SGLANG_DISAGGREGATION_TRANSFER_RETRIES", 6)), 0)
+        self.transfer_retry_budget_s = env_float("SGLANG_DISAGGREGATION_TRANSFER_RETRY_BUDGET_S", 2.0)
         n = max(int(env_float("SGLANG_DISAGGREGATION_QUEUE_SIZE", 4)), 1)
         self.transfer_queues: List[queue.Queue] = [queue.Queue() for _ in range(n)]
         self._start_thread(self._prefill_bootstrap_thread, "kv-prefill-bootstrap")
@@ -198,28 +199,26 @@ class PrefillManagerMixin:
         """One batch_transfer_sync_write per chunk, split only past the engine's batch limit
         (Mooncake refuses batches of a few thousand blocks: fragmented pages at page_size 1).
 
-        A failed batch is retried in halves with a short backoff: Mooncake's TCP transport
-        rejects work when its lane queues are full under concurrency ("TCP lane queue-full
-        rejection"), which is backpressure, not a dead peer. The writes are idempotent."""
+        A failed batch is retried in halves with a short backoff: Mooncake's TCP transport rejects
+        work when its lane queues are full under concurrency ("TCP lane queue-full rejection"),
+        which is backpressure, not a dead peer (the writes are idempotent). Retries are bounded in
+        number (`SGLANG_DISAGGREGATION_TRANSFER_RETRIES`) and time (`..._TRANSFER_RETRY_BUDGET_S`):
+        a peer that refuses the write itself fails within that budget."""
         n = self.max_transfer_blocks
-        for i in range(0, len(srcs), n):
-            ret = self._transfer_with_retry(session_id, srcs[i : i + n], dsts[i : i + n], lens[i : i + n])
-            if ret < 0:
+        work = [(srcs[i : i + n], dsts[i : i + n], lens[i : i + n]) for i in range(0, len(srcs), n)]
+        failures, deadline = 0, time.monotonic() + self.transfer_retry_budget_s
+        while work:
+            s, d, l = work.pop(0)
+            ret = self.engine.batch_transfer_sync(session_id, s, d, l)
+            if ret >= 0:
+                continue
+            failures += 1
+            if failures > self.transfer_retries or time.monotonic() >= deadline:
                 return ret
+            time.sleep(min(0.005 * (2 ** failures), 0.25))
+            h = len(s) // 2
+            work[0:0] = [(s[:h], d[:h], l[:h]), (s[h:], d[h:], l[h:])] if h else [(s, d, l)]
         return 0
-
-    def _transfer_with_retry(self, session_id: str, srcs, dsts, lens, attempt: int = 0) -> int:
-        ret = self.engine.batch_transfer_sync(session_id, srcs, dsts, lens)
-        if ret >= 0 or attempt >= self.transfer_retries:
-            return ret
-        time.sleep(min(0.005 * (2 ** attempt), 0.25))
-        if len(srcs) == 1:
-            return self._transfer_with_retry(session_id, srcs, dsts, lens, attempt + 1)
-        h = len(srcs) // 2
-        first = self._transfer_with_retry(session_id, srcs[:h], dsts[:h], lens[:h], attempt + 1)
-        if first < 0:
-            return first
-        return self._transfer_with_retry(session_id, srcs[h:], dsts[h:], lens[h:], attempt + 1)
 
     def _process_chunk(self, chunk: TransferKVChunk) -> None:
         room = chunk.room
@@ -242,8 +241,8 @@ class PrefillManagerMixin:
                 continue
             ret = self._transfer_data(info.mooncake_session_id, srcs, dsts, lens)
             if ret < 0:
-                logger.error("KV transfer of request %s to %s:%s failed (ret=%s, after %d retries)", room,
-                             info.endpoint, info.dst_port, ret, self.transfer_retries)
+                logger.error("KV transfer of request %s to %s:%s failed (ret=%s) after its retries", room,
+                             info.endpoint, info.dst_port, ret)
                 self._close_room(
                     room,
                     f"Failed to send KV chunk of request {room} to {info.endpoint}:{info.dst_port} "
