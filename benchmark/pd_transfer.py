@@ -21,12 +21,13 @@ import argparse
 import os
 import sys
 import time
-import types
 
 import numpy as np
 import torch
 
-from sglang.srt.disaggregation.base import get_kv_class, kv_args_from_pools
+from sglang.srt.configs.runtime_config import DisaggConfig
+from sglang.srt.disaggregation.base import kv_args_from_pools
+from sglang.srt.disaggregation.transfer_backends import get_kv_class
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
 from sglang.srt.disaggregation.mooncake.blocks import contiguous_runs
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
 
     port = get_free_port()
     server = KVBootstrapServer("127.0.0.1", port)
-    sa = types.SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend=args.backend, tp_size=1)
+    sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend=args.backend, tp_size=1)
     sides = {}
     for mode in (DisaggregationMode.PREFILL, DisaggregationMode.DECODE):
         pool = MHATokenToKVPool(total_pages * ps, ps, dtype, args.kv_heads, args.head_dim, range(args.layers))

@@ -97,7 +97,7 @@ def main():
     for mode in args.modes:
         scheds[mode] = build_scheduler(mode, path, args)
         sa = scheds[mode].server_args
-        print(f"{mode}: KV pool {scheds[mode].init_free_kv} tokens, backup "
+        print(f"{mode}: KV pool {scheds[mode].memory.init_free_kv} tokens, backup "
               f"{getattr(sa, 'disaggregation_decode_retraction_backup', None) if mode != 'recompute' else None}",
               flush=True)
     for mode, s in scheds.items():  # warm-up
@@ -129,7 +129,7 @@ def main():
         tps = statistics.median(r["output_tokens"] / r["elapsed"] for r in rs)
         recomputed = statistics.median(r["recomputed"] for r in rs)
         same = {r["same_as_ref"] for r in rs}
-        rows.append([mode, scheds[mode].init_free_kv, tps, f"{tps / base:.2f}x",
+        rows.append([mode, scheds[mode].memory.init_free_kv, tps, f"{tps / base:.2f}x",
                      statistics.median(r["retracted"] for r in rs), int(recomputed),
                      f"{recomputed / prompt_tokens:.2f}", statistics.median(r["aborted"] for r in rs),
                      "-" if same == {None} else ("yes" if same == {True} else "NO")])

@@ -88,6 +88,8 @@ class ServerArgs(
         raw = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         object.__setattr__(self, "_raw_input", raw)
         object.__setattr__(self, "_declarations", [])
+        # Upstream flags without a field here, as given (from_cli_args / from_kwargs fill it).
+        object.__setattr__(self, "ignored_upstream_args", {})
         object.__setattr__(self, "_resolving", True)
         try:
             run_resolution_pipeline(self)

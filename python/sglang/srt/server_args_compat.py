@@ -91,7 +91,7 @@ def no_effect_settings(server_args) -> List[str]:
     for name in NO_EFFECT_FIELDS:
         if name in raw and raw[name] != defaults.get(name):
             out.append(flag_name(name))
-    for name in getattr(server_args, "ignored_upstream_args", {}) or {}:
+    for name in server_args.ignored_upstream_args:
         out.append(flag_name(name))
     return sorted(out)
 

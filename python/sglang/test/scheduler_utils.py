@@ -44,17 +44,17 @@ def assert_no_leak(sched: Scheduler) -> None:
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
-    cache = sched.tree_cache
+    cache = sched.memory.tree_cache
     assert cache.protected_size() == 0
-    cache.evict(EvictParams(num_tokens=sched.init_free_kv, swa_num_tokens=sched.init_free_kv,
-                            mamba_num=sched.init_free_kv))
+    cache.evict(EvictParams(num_tokens=sched.memory.init_free_kv, swa_num_tokens=sched.memory.init_free_kv,
+                            mamba_num=sched.memory.init_free_kv))
     assert cache.evictable_size() == 0
-    assert sched.allocator.available_size() == sched.init_free_kv
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
-    if getattr(sched, "mamba_pool", None) is not None:
+    assert sched.memory.allocator.available_size() == sched.memory.init_free_kv
+    assert sched.memory.req_to_token_pool.available_size() == sched.memory.req_to_token_pool.size
+    if sched.memory.mamba_pool is not None:
         assert cache.component_protected_size(ComponentType.MAMBA) == 0
-        assert sched.mamba_pool.available_size() == sched.mamba_pool.size
-    store = sched.retraction_store
+        assert sched.memory.mamba_pool.available_size() == sched.memory.mamba_pool.size
+    store = sched.memory.retraction_store
     if store is not None:
         assert store.num_live == 0
         if store.host_pool is not None:

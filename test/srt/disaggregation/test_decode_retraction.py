@@ -60,10 +60,10 @@ def test_auto_backup_resolves_to_host_pool_with_backup_only_ratio(model_dir):
     assert sa.disaggregation_decode_retraction_backup == "host_pool"
     assert sa.resolution_source("disaggregation_decode_retraction_backup") == "kv_cache_builder.decode_retraction"
     # The host pool must hold the longest request: max_context_len - 1 tokens, page aligned.
-    longest = -(-(sched.req_to_token_pool.max_context_len - 1) // 16) * 16
+    longest = -(-(sched.memory.req_to_token_pool.max_context_len - 1) // 16) * 16
     assert 80 <= longest < 256
     assert sa.hicache_ratio == pytest.approx(longest / 256)
-    assert sched.retraction_store.host_pool.size == longest
+    assert sched.memory.retraction_store.host_pool.size == longest
     assert sched.internal_state()["retraction_backup"]["backend"] == "host_pool"
 
 
@@ -102,14 +102,14 @@ def test_small_host_pool_aborts_with_500_and_leaks_nothing(model_dir):
 def test_aborting_retracted_requests_frees_backups(model_dir):
     # 4 x 28 prompt tokens in a 128-token pool: the first retraction comes after a few decode steps.
     sched = decode_scheduler(model_dir, "host_pool", max_total_tokens=128)
-    host = sched.retraction_store.host_pool
+    host = sched.memory.retraction_store.host_pool
     for cycle in range(50):
         reqs = [submit(sched, f"c{cycle}_{i}", p, 60) for i, p in enumerate(random_prompts([28] * 4, seed=cycle))]
         for _ in range(200):
             sched.step()
-            if sched.decode_queues.retracted_queue:
+            if sched.role.retracted_queue:
                 break
-        assert sched.decode_queues.retracted_queue, "no retraction happened"
+        assert sched.role.retracted_queue, "no retraction happened"
         sched.abort_request(abort_all=True)
         run_to_completion(sched)
         assert all(r.finished() for r in reqs)

@@ -57,13 +57,13 @@ def test_cpu_tensor_retraction_restores_kv_and_mamba_state(arch_models, backup):
     for r, p in zip(reqs, ps):
         assert r.finished_reason.to_json() == {"type": "length", "length": 40}
         assert r.output_ids == hf_greedy(hf, p, 40), r.rid
-    assert sched.retraction_store.num_live == 0
-    assert sched.allocator.available_size() + sched.tree_cache.evictable_size() == sched.init_free_kv
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    assert sched.memory.retraction_store.num_live == 0
+    assert sched.memory.allocator.available_size() + sched.memory.tree_cache.evictable_size() == sched.memory.init_free_kv
+    assert sched.memory.req_to_token_pool.available_size() == sched.memory.req_to_token_pool.size
     from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
-    sched.tree_cache.evict(EvictParams(num_tokens=sched.init_free_kv))
-    assert sched.mamba_pool.available_size() == sched.mamba_pool.size
+    sched.memory.tree_cache.evict(EvictParams(num_tokens=sched.memory.init_free_kv))
+    assert sched.memory.mamba_pool.available_size() == sched.memory.mamba_pool.size
 
 
 def test_host_pool_is_rejected_at_start_and_by_check_server_args(arch_models, capsys):
@@ -116,8 +116,8 @@ def _pd_run(prefill, decode, port, ps, n, room0=7000):
 
 
 def _close(server, prefill, decode):
-    prefill.prefill_queues.kv_manager.close()
-    decode.decode_queues.kv_manager.close()
+    prefill.close()
+    decode.close()
     server.close()
 
 
@@ -135,11 +135,11 @@ def test_1p1d_mooncake_transfers_the_mamba_state(arch_models):
         # (copy-on-write into the request's slot) and sends that request's state.
         again = _pd_run(prefill, decode, port, ps[:1], 8, room0=8000)[0]
         assert again.output_ids == dreqs[0].output_ids and again.cached_tokens == 32
-        assert decode.mamba_pool.available_size() == decode.mamba_pool.size
+        assert decode.memory.mamba_pool.available_size() == decode.memory.mamba_pool.size
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
-        prefill.tree_cache.evict(EvictParams(num_tokens=prefill.init_free_kv))
-        assert prefill.mamba_pool.available_size() == prefill.mamba_pool.size
+        prefill.memory.tree_cache.evict(EvictParams(num_tokens=prefill.memory.init_free_kv))
+        assert prefill.memory.mamba_pool.available_size() == prefill.memory.mamba_pool.size
     finally:
         _close(server, prefill, decode)
 
@@ -156,6 +156,6 @@ def test_1p1d_mamba_slot_size_mismatch_is_refused_at_registration(arch_models):
             msg = r.finished_reason.to_json()
             assert msg["type"] == "abort" and "Prefill/Decode Mamba slot size mismatch" in msg["message"], msg
         assert prefill.forward_ct == 0  # refused before any prefill ran
-        assert decode.mamba_pool.available_size() == decode.mamba_pool.size
+        assert decode.memory.mamba_pool.available_size() == decode.memory.mamba_pool.size
     finally:
         _close(server, prefill, decode)

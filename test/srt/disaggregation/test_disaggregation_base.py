@@ -1,14 +1,14 @@
-"""base.py: backend lookup (incl. upstream's unknown-backend message) and KVArgs built from real pools."""
+"""base.py + transfer_backends.py: backend lookup (incl. upstream's unknown-backend message) and KVArgs built from real pools."""
 
 import ctypes
 
 import pytest
 import torch
 
-from sglang.srt.disaggregation.base import KVArgs, KVTransferError, get_kv_class, kv_args_from_pools
+from sglang.srt.disaggregation.base import KVArgs, KVTransferError, kv_args_from_pools
+from sglang.srt.disaggregation.transfer_backends import get_kv_class
 from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
 from sglang.srt.disaggregation.utils import KVClassType, MetadataBuffers, StateType, TransferBackend
-from sglang.srt.disaggregation.utils import get_kv_class as utils_get_kv_class
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 
@@ -26,7 +26,6 @@ def test_get_kv_class_mapping():
     assert get_kv_class("fake", KVClassType.SENDER) is FakeKVSender
     assert get_kv_class("fake", KVClassType.RECEIVER) is FakeKVReceiver
     assert get_kv_class("fake", KVClassType.BOOTSTRAP_SERVER) is None  # fake has no bootstrap server
-    assert utils_get_kv_class("fake", KVClassType.SENDER) is FakeKVSender
 
 
 def test_get_kv_class_unknown_backend_message():

@@ -124,4 +124,4 @@ def test_hybrid_swa_model_matches_hf_under_pressure(tmp_path_factory, page_size)
         assert req.output_ids == hf_greedy(hf, p, 30), req.rid
     assert sum(r.num_retractions for r in reqs) > 0
     assert_no_leak(sched)
-    assert sched.allocator.swa_available_size() == sched.allocator.swa_attn_allocator.size
+    assert sched.memory.allocator.swa_available_size() == sched.memory.allocator.swa_attn_allocator.size

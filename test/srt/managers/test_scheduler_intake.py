@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler_intake import (
+from sglang.srt.core.finish_reason import (
     ABORT_IN_QUEUE_MESSAGE,
     ABORT_RUNNING_MESSAGE,
     QUEUE_FULL_MESSAGE,

@@ -47,7 +47,7 @@ def test_mixed_batch_with_small_chunks_matches_hf(arch_models, page_size):
     if arch == "falcon_h1" and page_size == 16:
         pytest.skip("paged KV is covered on NemotronH")
     sched = make_scheduler(d, page_size=page_size)
-    assert ComponentType.MAMBA in sched.tree_cache.core.components
+    assert ComponentType.MAMBA in sched.memory.tree_cache.core.components
     ps = prompts([1, 7, 23, 40, 70, 33], seed=page_size)  # > SSD chunk (8) and > prefill chunk (16)
     reqs = [submit(sched, f"r{i}", p, 6) for i, p in enumerate(ps)]
     run_to_completion(sched)
@@ -136,4 +136,4 @@ def test_host_pool_retraction_is_rejected_for_mamba_models(arch_models):
     sched = Scheduler(ServerArgs(model_path=d, dtype="float32", max_total_tokens=1024, disaggregation_mode="decode",
                                  disaggregation_transfer_backend="fake"))
     assert sched.server_args.disaggregation_decode_retraction_backup == "cpu_tensor"
-    assert sched.retraction_store.mamba_pool is sched.mamba_pool
+    assert sched.memory.retraction_store.mamba_pool is sched.memory.mamba_pool

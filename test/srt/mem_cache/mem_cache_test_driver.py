@@ -36,6 +36,12 @@ class ReqLike:
     last_node: Any = None
     lock_receipt: Any = None
     cache_protected_len: int = 0
+    mamba_pool_idx: Optional[int] = None
+
+    @property
+    def kv_committed_len(self) -> int:
+        """KV written so far: every token but the last sampled one (the scheduler's Req.kv_len)."""
+        return len(self.origin_input_ids) + len(self.output_ids) - 1
 
 
 def fingerprints(tokens: List[int], extra_key: Optional[str]) -> torch.Tensor:

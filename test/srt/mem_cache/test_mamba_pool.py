@@ -134,17 +134,16 @@ def nemo_dir(tmp_path_factory):
 
 
 def test_model_runner_builds_the_pool(nemo_dir):
-    from types import SimpleNamespace
-
     from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
 
     r = ModelRunner(nemo_dir, max_total_tokens=512, max_running_requests=6, disable_tqdm=True)
     assert r.mamba_pool.size == 6 and r.mamba_pool.ssm_dtype == torch.float32
     # Flags given through server_args (as the server does) and a pool smaller than
     # max_running_requests: a running request needs a slot, so the cap follows the pool.
-    sa = SimpleNamespace(max_mamba_cache_size=3, mamba_ssm_dtype="bfloat16", max_total_tokens=512,
-                         max_running_requests=6, disable_tqdm=True)
-    r = ModelRunner(nemo_dir, sa)
+    sa = ServerArgs(model_path=nemo_dir, max_mamba_cache_size=3, mamba_ssm_dtype="bfloat16", max_total_tokens=512,
+                    max_running_requests=6)
+    r = ModelRunner(nemo_dir, sa, disable_tqdm=True)
     assert r.mamba_pool.size == 3 and r.max_running_requests == 3
     assert r.mamba_pool.ssm_dtype == torch.bfloat16 and r.mamba_pool.conv_state.dtype == torch.float32
     # No --max-running-requests: upstream's 512 slots, and the runner's request cap follows.

@@ -3,12 +3,12 @@ the post-checks, on ModelConfigs of tiny dense, hybrid-SWA, pure-SWA and Nemotro
 
 import logging
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.runtime_config import CacheConfig
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.registry import (
@@ -39,7 +39,8 @@ MAMBA_MSG = "Host-pool retraction does not support Mamba models."
 PURE_SWA_MSG = "Host-pool retraction does not support pure-SWA models."
 
 
-def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, is_hybrid_swa_override=None, **kw):
+def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, is_hybrid_swa_override=None, cache_config=None,
+         **kw):
     mc = ModelConfig.from_dict(cfg)
     size = 64
     req_pool = ReqToTokenPool(4, 128)
@@ -51,7 +52,8 @@ def _ctx(cfg, backup=None, disable=False, server_args=None, page_size=1, is_hybr
         kv = MHATokenToKVPool(size, page_size, torch.float32, 2, 8, mc.attention_layer_ids)
         alloc = TokenToKVPoolAllocator(size, page_size, kv)
     return TreeCacheBuildContext(
-        server_args=server_args if server_args is not None else ServerArgs(model_path="dummy"),
+        cache_config=cache_config or CacheConfig.from_server_args(server_args or ServerArgs(model_path="dummy")),
+        server_args=server_args,
         req_to_token_pool=req_pool,
         token_to_kv_pool_allocator=alloc,
         page_size=page_size,
@@ -226,6 +228,6 @@ def test_registered_backend_is_used_and_post_checked(foreign_backend, caplog):
          "--hicache-host-memory-mode buffer_only is only implemented for the unified radix tree; this model selected _ForeignTree."),
     ]
     for flags, cfg, exc, msg in cases:
-        sa = SimpleNamespace(radix_cache_backend=foreign_backend, **flags)
+        # The post-checks see the cache flags as given (ServerArgs itself refuses some of these pairs earlier).
         with pytest.raises(exc, match=f"^{re.escape(msg)}$"):
-            create_tree_cache(_ctx(cfg, server_args=sa))
+            create_tree_cache(_ctx(cfg, cache_config=CacheConfig(radix_cache_backend=foreign_backend, **flags)))

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+
+from sglang.srt.server_args import ServerArgs
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
@@ -26,9 +28,9 @@ def model_dir(tmp_path_factory):
 
 
 def test_server_args_object_and_pool_shapes(model_dir, caplog):
-    args = SimpleNamespace(dtype="auto", page_size=16, max_total_tokens=1000, mem_fraction_static=None,
-                           max_running_requests=5, context_length=300, attention_backend=None, device="cpu",
-                           disable_tqdm=True, disable_hybrid_swa_memory=True)
+    args = ServerArgs(model_path=model_dir, dtype="auto", page_size=16, max_total_tokens=1000, mem_fraction_static=None,
+                      max_running_requests=5, context_length=300, attention_backend=None, device="cpu",
+                      disable_hybrid_swa_memory=True)
     with caplog.at_level(logging.INFO):
         r = ModelRunner(ModelConfig.from_path(model_dir), args)
     assert r.server_args is args

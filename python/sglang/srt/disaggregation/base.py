@@ -1,4 +1,5 @@
-"""Interfaces every KV transfer backend implements, and the backend lookup (reference 5.2).
+"""Interfaces every KV transfer backend implements (reference 5.2); `transfer_backends.get_kv_class`
+looks a backend's classes up.
 
 How the scheduler uses them (both roles build the same `KVArgs` from their own pools):
 
@@ -36,13 +37,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from sglang.srt.disaggregation.utils import (  # noqa: F401  (re-exported)
-    DisaggregationMode,
-    KVClassType,
-    KVPoll,
-    StateType,
-    TransferBackend,
-)
+from sglang.srt.disaggregation.utils import DisaggregationMode, StateType
 
 
 class KVArgs:
@@ -231,42 +226,3 @@ class BaseKVBootstrapServer(ABC):
 
     def close(self) -> None:
         pass
-
-
-def get_kv_class(transfer_backend, class_type: KVClassType):
-    """Backend class for a role; `KVClassType.KVARGS` is `KVArgs` for every backend.
-
-    The fake backend has no bootstrap server (returns None for BOOTSTRAP_SERVER).
-    """
-    try:
-        backend = TransferBackend(transfer_backend) if not isinstance(transfer_backend, TransferBackend) else transfer_backend
-    except ValueError:
-        backend = None
-    if backend is not None and class_type == KVClassType.KVARGS:
-        return KVArgs
-    if backend in (TransferBackend.MOONCAKE, TransferBackend.MOONCAKE_TCP):
-        from sglang.srt.disaggregation.mooncake.conn import (
-            MooncakeKVBootstrapServer,
-            MooncakeKVManager,
-            MooncakeKVReceiver,
-            MooncakeKVSender,
-        )
-
-        return {
-            KVClassType.MANAGER: MooncakeKVManager,
-            KVClassType.SENDER: MooncakeKVSender,
-            KVClassType.RECEIVER: MooncakeKVReceiver,
-            KVClassType.BOOTSTRAP_SERVER: MooncakeKVBootstrapServer,
-        }[class_type]
-    if backend == TransferBackend.FAKE:
-        from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
-
-        return {
-            KVClassType.MANAGER: FakeKVManager,
-            KVClassType.SENDER: FakeKVSender,
-            KVClassType.RECEIVER: FakeKVReceiver,
-            KVClassType.BOOTSTRAP_SERVER: None,
-        }[class_type]
-    if backend in (TransferBackend.NIXL, TransferBackend.ASCEND, TransferBackend.MORI):
-        raise ValueError(f"Transfer backend {backend.value} is not available in this build; use mooncake or fake.")
-    raise ValueError(f"Unsupported transfer backend: {transfer_backend}")

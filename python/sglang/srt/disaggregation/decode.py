@@ -1,4 +1,4 @@
-"""The decode side of PD disaggregation, inside the scheduler (reference 5.6 and 4.6).
+"""(Scheduler process.) The decode role of PD disaggregation (reference 5.6 and 4.6).
 
 A request on a decode server goes through:
   prealloc queue  -- receiver bootstrapped, waiting for KV memory to be reserved for its prompt
@@ -11,32 +11,39 @@ With `--disaggregation-transfer-backend fake` (or a request whose bootstrap_host
 FAKE_BOOTSTRAP_HOST) nothing is received: the decode server computes the prompt's KV itself with a
 local prefill (upstream leaves the KV unfilled; computing it makes a decode server testable alone
 with real outputs), then the request decodes and retracts like a transferred one.
+
+Memory goes through the scheduler's `MemoryManager` (`reserve`, `release`, `backup_for_retraction`,
+`restore`); the role only decides when.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
-import torch
-
-from sglang.srt.disaggregation.mooncake.messages import decode_failure
-from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, _evict_params
-from sglang.srt.managers.scheduler_intake import ABORT_IN_QUEUE_MESSAGE
-
-if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT
+from sglang.srt.core.req import Req
+from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, decode_failure, kv_to_page_indices
+from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
 
 
-class DecodeQueues:
-    def __init__(self, scheduler: "Scheduler"):
-        self.s = scheduler
-        sa = scheduler.server_args
+def _bootstrap_addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class DecodeRole(ServerRole):
+    mode = "decode"
+    applies_queue_limit = False
+    allows_mixed_chunk = False
+
+    def __init__(self, facade: SchedulerFacade):
+        super().__init__(facade)
+        sa = facade.server_args
         self.backend = sa.disaggregation_transfer_backend
+        self.bootstrap_port = sa.disaggregation_bootstrap_port
         self.num_reserved_decode_tokens = sa.num_reserved_decode_tokens
         self.prealloc_queue: List[Req] = []
         self.transfer_queue: List[Req] = []
@@ -49,57 +56,66 @@ class DecodeQueues:
 
     def _init_transfer(self) -> None:
         from sglang.srt.disaggregation.base import kv_args_from_pools
-        from sglang.srt.disaggregation.utils import (
-            DisaggregationMode,
-            KVClassType,
-            MetadataBuffers,
-            ReqToMetadataIdxAllocator,
-            get_kv_class,
-        )
+        from sglang.srt.disaggregation.transfer_backends import KVClassType, get_kv_class
+        from sglang.srt.disaggregation.utils import DisaggregationMode, MetadataBuffers, ReqToMetadataIdxAllocator
 
-        s = self.s
-        size = s.max_running_requests * 2
+        memory, sa = self.s.memory, self.s.server_args
+        size = self.s.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(
-            s.model_runner.token_to_kv_pool, self.metadata_buffers, s.page_size,
-            mamba_pool=getattr(s.model_runner, "mamba_pool", None),
-            ib_device=s.server_args.disaggregation_ib_device,
-        )
-        manager_cls = get_kv_class(self.backend, KVClassType.MANAGER)
-        self.kv_manager = manager_cls(kv_args, DisaggregationMode.DECODE, s.server_args)
+        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=memory.mamba_pool, ib_device=sa.disaggregation_ib_device)
+        self.kv_manager = get_kv_class(self.backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.DECODE, sa)
         self.receiver_cls = get_kv_class(self.backend, KVClassType.RECEIVER)
 
-    # --- queues -----------------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return bool(self.prealloc_queue or self.transfer_queue or self.retracted_queue)
+    def close(self) -> None:
+        if self.kv_manager is not None:
+            self.kv_manager.close()
 
-    def is_fake(self, recv) -> bool:
-        return self.backend == "fake" or recv.bootstrap_host == FAKE_BOOTSTRAP_HOST
+    # --- requests in ----------------------------------------------------------------------------
+    def _is_fake(self, host) -> bool:
+        return self.backend == "fake" or host == FAKE_BOOTSTRAP_HOST
 
     def add(self, req: Req, recv) -> None:
-        if self.is_fake(recv):
+        if self._is_fake(recv.bootstrap_host):
             self.s.waiting_queue.append(req)  # local prefill stands in for the transfer
             return
-        port = recv.bootstrap_port or self.s.server_args.disaggregation_bootstrap_port
         host = recv.bootstrap_host
         if host is None or recv.bootstrap_room is None:  # the tokenizer refuses these; never trust one process
             req.to_abort = FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
                                         "BadRequestError")
-            self.s._finish_unscheduled(req)
+            self.s.finish_unscheduled(req)
             return
-        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        addr = _bootstrap_addr(host, recv.bootstrap_port or self.bootstrap_port)
         try:
             req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
             req.kv_receiver.init(0)
         except Exception as e:  # bad address etc.: fail this request, not the server
-            if getattr(req, "kv_receiver", None) is not None:
+            if req.kv_receiver is not None:
                 req.kv_receiver.clear()
+                req.kv_receiver = None
             req.to_abort = FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500)
-            self.s._finish_unscheduled(req)
+            self.s.finish_unscheduled(req)
             return
         req.bootstrap_room = recv.bootstrap_room
         self.prealloc_queue.append(req)
+
+    def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
+        """This server refused a request before it reached these queues (tokenizer or scheduler):
+        tell its prefill server, which would otherwise wait for our metadata until its bootstrap timeout."""
+        if self._is_fake(host) or host is None or room is None:
+            return
+        addr = _bootstrap_addr(host, port or self.bootstrap_port)
+        try:
+            receiver = self.receiver_cls(self.kv_manager, addr, room)
+            receiver.abort()  # delivered once the prefill's rank is resolved
+            receiver.clear()
+        except Exception:  # noqa: BLE001 - best effort: the prefill's bootstrap timeout still ends it
+            logger.exception("Could not tell prefill %s that room %s was refused", addr, room)
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.prealloc_queue or self.transfer_queue or self.retracted_queue)
 
     def stats(self) -> dict:
         out = {
@@ -113,19 +129,13 @@ class DecodeQueues:
             out["metadata_rows"] = self.metadata_allocator.size
         return out
 
-    def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
-        """This server refused a request before it reached these queues (tokenizer or scheduler):
-        tell its prefill server, which would otherwise wait for our metadata until its bootstrap timeout."""
-        if self.backend == "fake" or host in (None, FAKE_BOOTSTRAP_HOST) or room is None:
-            return
-        port = port or self.s.server_args.disaggregation_bootstrap_port
-        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            receiver = self.receiver_cls(self.kv_manager, addr, room)
-            receiver.abort()  # delivered once the prefill's rank is resolved
-            receiver.clear()
-        except Exception:  # noqa: BLE001 - best effort: the prefill's bootstrap timeout still ends it
-            logger.exception("Could not tell prefill %s that room %s was refused", addr, room)
+    def log_fields(self, decode: bool) -> str:
+        if not decode:
+            return ""
+        st, total = self.stats(), self.s.memory.max_total_num_tokens
+        return (f"pre-allocated usage: {st['pre_allocated_tokens'] / total:.2f}, "
+                f"#prealloc-req: {st['num_prealloc_queue_reqs']}, #transfer-req: {st['num_transfer_queue_reqs']}, "
+                f"#retracted-req: {st['num_retracted_queue_reqs']}, ")
 
     def all_reqs(self) -> List[Req]:
         return self.prealloc_queue + self.transfer_queue + self.retracted_queue
@@ -137,104 +147,68 @@ class DecodeQueues:
 
     def release_after_error(self, req: Req) -> None:
         """What a failed request holds on the decode side beyond its KV: metadata row, receiver, backup."""
-        if getattr(req, "metadata_idx", None) is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
-        if getattr(req, "kv_receiver", None) is not None:
+        self._free_metadata(req)
+        if req.kv_receiver is not None:
             req.kv_receiver.abort()
             req.kv_receiver.clear()
             req.kv_receiver = None
-        if getattr(req, "retraction_backup", None) is not None:
-            self.s.retraction_store.discard(req.retraction_backup)
-            req.retraction_backup = None
+        self.s.memory.discard_backup(req)
 
+    def _free_metadata(self, req: Req) -> None:
+        if req.metadata_idx is not None:
+            self.metadata_allocator.free(req.metadata_idx)
+            req.metadata_idx = None
+
+    # --- each step ----------------------------------------------------------------------------------
     def process(self) -> None:
-        """One pass of the decode-side queues; called at the top of every scheduler step. A
-        request whose step raises fails alone (500), the others go on."""
-        self.resume_retracted()
+        """One pass of the decode-side queues, at the top of every scheduler step. A request whose
+        step raises fails alone (500), the others go on."""
+        self._resume_retracted()
         if self.retracted_queue:
             return  # retracted requests come back before anything new is admitted
-        self._pop_transferred()
-        self._pre_alloc()
-
-    def _contain(self, req: Req, fn) -> bool:
-        """Runs `fn()` for one request; on an exception the request alone is aborted. False: it failed."""
-        try:
-            fn()
-            return True
-        except Exception as e:  # noqa: BLE001
-            logger.exception("Decode queue step failed for request %s", req.rid)
-            self.remove(req)
-            self.s._unqueue(req)
-            req.to_abort = FINISH_ABORT(f"Internal server error on the decode server: {type(e).__name__}: {e}", 500,
-                                        "InternalServerError")
-            self.s._release_after_error(req)
-            self.s.emit([req])
-            return False
-
-    # --- prealloc / transfer --------------------------------------------------------------------------
-    def _allocatable_tokens(self) -> int:
-        s = self.s
-        running = len(s.running_reqs) + len(self.transfer_queue)
-        reserve = self.num_reserved_decode_tokens * running
-        return s.allocator.available_size() + s.tree_cache.evictable_size() - reserve
-
-    def _pre_alloc(self) -> None:
+        for req in list(self.transfer_queue):
+            self.contain(req, lambda: self._pop_transferred(req), "decode")
         for req in list(self.prealloc_queue):
-            outcome = []
-            if not self._contain(req, lambda: outcome.append(self._pre_alloc_one(req))):
-                continue
-            if outcome[0] == "stop":
+            if self.contain(req, lambda: self._pre_alloc(req), "decode") == "stop":
                 break
 
-    def _pre_alloc_one(self, req: Req) -> str:
+    def may_prefill(self) -> bool:
+        return not self.retracted_queue  # retracted requests resume first
+
+    def _allocatable_tokens(self) -> int:
+        memory = self.s.memory
+        running = len(self.s.running_reqs) + len(self.transfer_queue)
+        reserve = self.num_reserved_decode_tokens * running
+        return memory.allocator.available_size() + memory.tree_cache.evictable_size() - reserve
+
+    def _pre_alloc(self, req: Req) -> str:
         """Reserves KV (and a Mamba slot) for one bootstrapped request. "stop": no room, try later."""
-        s = self.s
         state = req.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.prealloc_queue)
             return "next"
         if state == KVPoll.Bootstrapping:
             return "next"
-        n = len(req.origin_input_ids)
-        if s.req_to_token_pool.available_size() <= 0 or self._allocatable_tokens() < n + s.page_size:
+        n, memory = len(req.origin_input_ids), self.s.memory
+        if self._allocatable_tokens() < n + memory.page_size:
             return "stop"
-        if len(s.running_reqs) + len(self.transfer_queue) >= s.max_running_requests:
+        if len(self.s.running_reqs) + len(self.transfer_queue) >= self.s.max_running_requests:
             return "stop"
         aux = self.metadata_allocator.alloc()
         if aux is None:
             return "stop"
-        row = s.req_to_token_pool.alloc(1)[0]
-        slots = s.allocator.alloc_extend([0], [n], [0])
+        slots = memory.reserve([req], [0], [n], init_mamba_state=False)  # the prefill's state lands in its slot
         if slots is None:
-            s.req_to_token_pool.free(row)
             self.metadata_allocator.free(aux)
             return "stop"
-        state_indices = None
-        if s.mamba_pool is not None:  # hybrid SSM: the prefill's state lands in this slot
-            mamba_slot = s.tree_cache.alloc_mamba_slot()
-            if mamba_slot is None:
-                s.allocator.free(slots)
-                s.req_to_token_pool.free(row)
-                self.metadata_allocator.free(aux)
-                return "stop"
-            req.mamba_pool_idx = mamba_slot
-            state_indices = [[mamba_slot]]
-        req.req_pool_idx = row
-        s.req_to_token_pool.write(row, 0, slots)
-        req.kv_len = n
         req.metadata_idx = aux
         self.prealloc_queue.remove(req)
         self.transfer_queue.append(req)
-        req.kv_receiver.send_metadata(kv_to_page_indices(slots, s.page_size), aux, state_indices=state_indices)
+        state_indices = [[req.mamba_pool_idx]] if req.mamba_pool_idx is not None else None
+        req.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices)
         return "next"
 
-    def _pop_transferred(self) -> None:
-        for req in list(self.transfer_queue):
-            self._contain(req, lambda: self._pop_transferred_one(req))
-
-    def _pop_transferred_one(self, req: Req) -> None:
-        s = self.s
+    def _pop_transferred(self, req: Req) -> None:
         state = req.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.transfer_queue)
@@ -242,15 +216,14 @@ class DecodeQueues:
         if state != KVPoll.Success:
             return
         row = self.metadata_buffers.get_buf(req.metadata_idx)
-        self.metadata_allocator.free(req.metadata_idx)
-        req.metadata_idx = None
+        self._free_metadata(req)
         self.transfer_queue.remove(req)
+        req.kv_receiver.clear()
+        req.kv_receiver = None
         if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
             req.to_abort = FINISH_ABORT(
                 f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
                 f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
-            req.kv_receiver.clear()
-            req.kv_receiver = None
             self._drop(req)
             return
         if req.sampling_params.max_new_tokens > 0:
@@ -261,15 +234,13 @@ class DecodeQueues:
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
         req.fill_ids = req.all_ids()
-        req.kv_receiver.clear()
-        req.kv_receiver = None
         req.forward_entry_time = time.monotonic()
         req.check_finished()
         if req.finished():
-            s.release_kv(req)
-            s.emit([req])
+            self.s.memory.release(req)
+            self.s.emit([req])
         else:
-            s.running_reqs.append(req)
+            self.s.running_reqs.append(req)
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:
@@ -288,18 +259,15 @@ class DecodeQueues:
         self._drop(req)
 
     def _drop(self, req: Req) -> None:
-        if getattr(req, "metadata_idx", None) is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
-        if req.req_pool_idx is not None:
-            self.s.release_kv(req)
+        self._free_metadata(req)
+        self.s.memory.release(req)
         req.finished_reason = req.to_abort
         self.s.emit([req])
 
     def abort(self, hit) -> None:
         for queue in (self.prealloc_queue, self.transfer_queue):
             for req in [r for r in queue if hit(r)]:
-                if getattr(req, "kv_receiver", None) is not None:
+                if req.kv_receiver is not None:
                     req.kv_receiver.abort()  # the prefill drops the room too
                     req.kv_receiver.clear()
                     req.kv_receiver = None
@@ -308,50 +276,41 @@ class DecodeQueues:
                 self._drop(req)
         for req in [r for r in self.retracted_queue if hit(r)]:
             self.retracted_queue.remove(req)
-            self.s.retraction_store.discard(req.retraction_backup)  # free the backup at once (upstream #18701)
-            req.retraction_backup = None
+            self.s.memory.discard_backup(req)  # free the backup at once (upstream #18701)
             req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
             req.finished_reason = req.to_abort
             self.s.emit([req])
 
-    # --- retraction ---------------------------------------------------------------------------------
-    def resume_retracted(self) -> None:
+    # --- retraction -----------------------------------------------------------------------------------
+    def retract(self, req: Req) -> bool:
+        """Backs the request's KV (and Mamba state) up, then frees it; False (abort) without a backup."""
+        memory = self.s.memory
+        saved = memory.backup_for_retraction(req)
+        memory.release(req)
+        if saved is None:
+            if req.to_abort is None:
+                req.to_abort = memory.retraction_store.abort_reason()
+            logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
+            return False
+        req.retraction_backup = saved
+        req.reset_for_retract()
+        return True
+
+    def requeue_retracted(self, reqs: List[Req]) -> None:
+        self.retracted_queue.extend(reqs)  # resumed from their backups
+
+    def _resume_retracted(self) -> None:
         for req in list(self.retracted_queue):
-            outcome = []
-            if not self._contain(req, lambda: outcome.append(self._resume_one(req))):
-                continue
-            if outcome[0] == "stop":
+            if self.contain(req, lambda: self._resume(req), "decode") == "stop":
                 break
 
-    def _resume_one(self, req: Req) -> str:
-        s = self.s
-        backup = req.retraction_backup
-        n = backup.kv_len
-        if s.req_to_token_pool.available_size() <= 0:
+    def _resume(self, req: Req) -> str:
+        n, memory = req.retraction_backup.kv_len, self.s.memory
+        if self.s.running_reqs and self._allocatable_tokens() < n + memory.page_size:
             return "stop"
-        if s.running_reqs and self._allocatable_tokens() < n + s.page_size:
+        if not memory.restore(req):
             return "stop"
-        row = s.req_to_token_pool.alloc(1)[0]
-        slots = s.allocator.alloc_extend([0], [n], [0])
-        if slots is None:
-            s.tree_cache.evict(_evict_params(n))
-            slots = s.allocator.alloc_extend([0], [n], [0])
-        if slots is None:
-            s.req_to_token_pool.free(row)
-            return "stop"
-        if s.mamba_pool is not None:  # hybrid SSM: the backed-up state goes into a new slot
-            mamba_slot = s.tree_cache.alloc_mamba_slot()
-            if mamba_slot is None:
-                s.allocator.free(slots)
-                s.req_to_token_pool.free(row)
-                return "stop"
-            req.mamba_pool_idx = mamba_slot
-        req.req_pool_idx = row
-        s.req_to_token_pool.write(row, 0, slots)
-        req.kv_len = n
-        s.retraction_store.restore(backup, slots, getattr(req, "mamba_pool_idx", None))
-        req.retraction_backup = None
         req.fill_ids = req.all_ids()
         self.retracted_queue.remove(req)
-        s.running_reqs.append(req)
+        self.s.running_reqs.append(req)
         return "next"

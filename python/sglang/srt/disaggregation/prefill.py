@@ -1,4 +1,4 @@
-"""The prefill side of PD disaggregation, inside the scheduler (reference 5.5).
+"""(Scheduler process.) The prefill role of PD disaggregation (reference 5.5).
 
 A request on a prefill server goes through:
   bootstrap queue -- its KV sender waits for the decode server's slots (KVPoll.WaitingForInput)
@@ -12,40 +12,35 @@ A request on a prefill server goes through:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
+from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT, FINISH_LENGTH
+from sglang.srt.core.req import Req
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, kv_to_page_indices
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
-from sglang.srt.managers.scheduler_intake import ABORT_IN_QUEUE_MESSAGE
-
-if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
 
 ABORTED_BY_DECODE = "Aborted by the decode server (its client went away or aborted the request)."
 
 
-class PrefillQueues:
-    def __init__(self, scheduler: "Scheduler"):
-        from sglang.srt.disaggregation.base import kv_args_from_pools
-        from sglang.srt.disaggregation.utils import (
-            DisaggregationMode,
-            KVClassType,
-            MetadataBuffers,
-            ReqToMetadataIdxAllocator,
-            get_kv_class,
-        )
+class PrefillRole(ServerRole):
+    mode = "prefill"
+    applies_queue_limit = False
 
-        self.s = scheduler
-        sa = scheduler.server_args
-        size = scheduler.max_running_requests * 2
+    def __init__(self, facade: SchedulerFacade):
+        super().__init__(facade)
+        from sglang.srt.disaggregation.base import kv_args_from_pools
+        from sglang.srt.disaggregation.transfer_backends import KVClassType, get_kv_class
+        from sglang.srt.disaggregation.utils import DisaggregationMode, MetadataBuffers, ReqToMetadataIdxAllocator
+
+        sa = facade.server_args
+        memory = facade.memory
+        size = facade.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(
-            scheduler.model_runner.token_to_kv_pool, self.metadata_buffers, scheduler.page_size,
-            mamba_pool=getattr(scheduler.model_runner, "mamba_pool", None), ib_device=sa.disaggregation_ib_device,
-        )
+        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=memory.mamba_pool, ib_device=sa.disaggregation_ib_device)
         backend = sa.disaggregation_transfer_backend
         self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, sa)
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
@@ -73,7 +68,7 @@ class PrefillQueues:
         local = recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST)
         if not local and recv.bootstrap_room is None:  # the tokenizer refuses this; never trust one process
             req.to_abort = FINISH_ABORT("bootstrap_room is required when bootstrap_host is set.", 400, "BadRequestError")
-            self.s._finish_unscheduled(req)
+            self.s.finish_unscheduled(req)
             return
         room = recv.bootstrap_room if recv.bootstrap_room is not None else 0
         req.bootstrap_room = room
@@ -92,23 +87,23 @@ class PrefillQueues:
             if req in queue:
                 queue.remove(req)
 
-    def release_after_error(self, req: Req) -> None:
-        """The scheduler already gave back the KV and the sender (`_release_transfer`)."""
-        if getattr(req, "metadata_idx", None) is not None:
+    def release(self, req: Req) -> None:
+        """An aborted or failed request gives up its sender (the room stays recorded as aborted,
+        so a decode peer that asks later learns why) and its metadata row."""
+        if req.kv_sender is not None:
+            req.kv_sender.abort()
+            req.kv_sender = None
+        if req.metadata_idx is not None:
             self.metadata_allocator.free(req.metadata_idx)
             req.metadata_idx = None
 
-    def _contain(self, req: Req, fn) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - this request fails alone
-            logger.exception("Prefill queue step failed for request %s", req.rid)
-            self.remove(req)
-            self.s._unqueue(req)
-            req.to_abort = FINISH_ABORT(f"Internal server error on the prefill server: {type(e).__name__}: {e}", 500,
-                                        "InternalServerError")
-            self.s._release_after_error(req)
-            self.s.emit([req])
+    def log_fields(self, decode: bool) -> str:
+        if decode:
+            return ""
+        return f"#prealloc-req: {len(self.bootstrap_queue)}, #inflight-req: {len(self.inflight_queue)}, "
+
+    def close(self) -> None:
+        self.kv_manager.close()
 
     def process(self) -> None:
         self._pop_bootstrapped()
@@ -116,9 +111,7 @@ class PrefillQueues:
 
     def _pop_bootstrapped(self) -> None:
         for req in list(self.bootstrap_queue):
-            outcome = []
-            self._contain(req, lambda: outcome.append(self._pop_bootstrapped_one(req)))
-            if outcome and outcome[0] == "stop":
+            if self.contain(req, lambda: self._pop_bootstrapped_one(req), "prefill") == "stop":
                 break
 
     def _pop_bootstrapped_one(self, req: Req) -> str:
@@ -138,15 +131,18 @@ class PrefillQueues:
         return "next"
 
     # --- called by the scheduler after each extend forward ----------------------------------------
-    def send_chunk(self, req: Req) -> None:
+    def after_chunk(self, req: Req) -> None:
         """A non-last chunk is done: send its whole pages (the partial last page waits)."""
         ps = self.s.page_size
         end = req.kv_len // ps * ps
         if end > req.sent_kv_len:
             self._send(req, req.sent_kv_len, end, is_last=False)
 
-    def on_prefill_done(self, req: Req) -> None:
-        """The last chunk ran and the first token is sampled: send the rest and the metadata row."""
+    def after_prefill(self, req: Req) -> bool:
+        """The last chunk ran and the first token is sampled: send the rest and the metadata row
+        (an aborted request is finished by the scheduler as usual)."""
+        if req.to_abort is not None:
+            return False
         lp = req.output_token_logprobs[-1][0] if req.output_token_logprobs else None
         tops = req.output_top_logprobs[-1] if req.output_top_logprobs else None
         self.metadata_buffers.set_buf(
@@ -160,11 +156,12 @@ class PrefillQueues:
         )
         self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
         self.inflight_queue.append(req)
+        return True
 
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
-        slots = self.s.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        slots = self.s.memory.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
         state_indices = None
-        if getattr(req, "mamba_pool_idx", None) is not None and is_last:
+        if req.mamba_pool_idx is not None and is_last:
             state_indices = [[req.mamba_pool_idx]]
         req.kv_sender.send(kv_to_page_indices(slots, self.s.page_size), state_indices=state_indices, is_last=is_last)
         req.sent_kv_len = end
@@ -172,7 +169,7 @@ class PrefillQueues:
     # --- completion -----------------------------------------------------------------------------------
     def _process_inflight(self) -> None:
         for req in list(self.inflight_queue):
-            self._contain(req, lambda: self._process_inflight_one(req))
+            self.contain(req, lambda: self._process_inflight_one(req), "prefill")
 
     def _process_inflight_one(self, req: Req) -> None:
         state = req.kv_sender.poll()
@@ -209,7 +206,7 @@ class PrefillQueues:
         if req.metadata_idx is not None:
             self.metadata_allocator.free(req.metadata_idx)
             req.metadata_idx = None
-        self.s.release_kv(req, insert=insert and req.kv_len == req.seqlen - 1)
+        self.s.memory.release(req, insert=insert and req.kv_len == req.seqlen - 1)
         if req.kv_sender is not None:
             req.kv_sender.clear()
         req.kv_sender = None

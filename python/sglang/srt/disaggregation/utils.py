@@ -14,7 +14,8 @@ Scheduler-facing API
   `poll() == KVPoll.Success`. `get_buf_infos()` -> (ptrs, lens, item_lens) for `KVArgs.aux_*`.
 * `ReqToMetadataIdxAllocator(size)`: `alloc()` -> row index or None, `free(idx)`.
 * `kv_to_page_indices(kv_indices, page_size)`: token slots of a request -> np.int32 page indices.
-* `get_kv_class(backend, class_type)` (re-exported from `base.py`).
+* `encode_failure(message, status)` / `decode_failure(reason)`: a refusal that the peer answers with
+  the same HTTP status travels as "HTTP <status>: <text>".
 """
 
 from __future__ import annotations
@@ -80,11 +81,22 @@ class StateType(str, Enum):
     BLOCK_SCALE_SWA = "block_scale_swa"
 
 
-def get_kv_class(transfer_backend, class_type):
-    """See `base.get_kv_class` (imported lazily: base.py imports this module)."""
-    from sglang.srt.disaggregation.base import get_kv_class as _impl
+# A failure that the peer should answer with a given HTTP status (e.g. the prefill refused the
+# request as a client error: the decode answers 400, not 500) travels as "HTTP <status>: <text>".
+_STATUS_PREFIX = "HTTP "
 
-    return _impl(transfer_backend, class_type)
+
+def encode_failure(message: str, status_code: int) -> str:
+    return f"{_STATUS_PREFIX}{int(status_code)}: {message}"
+
+
+def decode_failure(reason: str) -> Tuple[Optional[int], str]:
+    """(status code or None, message) of a failure reason."""
+    if reason.startswith(_STATUS_PREFIX):
+        head, _, rest = reason[len(_STATUS_PREFIX):].partition(": ")
+        if head.isdigit() and rest:
+            return int(head), rest
+    return None, reason
 
 
 # ---------------------------------------------------------------------------------------------

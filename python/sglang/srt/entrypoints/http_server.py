@@ -139,7 +139,7 @@ def build_app(state: ServerState) -> FastAPI:
         err = ErrorResponse(message=str(exc.detail), type=str(exc.status_code), code=exc.status_code)
         return JSONResponse(status_code=exc.status_code, content=err.model_dump())
 
-    api_key = getattr(state.server_args, "api_key", None)
+    api_key = state.server_args.api_key
     if api_key:
         _add_api_key_middleware(app, api_key)
 
@@ -229,7 +229,7 @@ def build_app(state: ServerState) -> FastAPI:
         state.tokenizer_manager.abort_request(obj.rid, obj.abort_all)
         return Response(status_code=200)
 
-    if getattr(state.server_args, "enable_metrics", False) and state.metrics is not None:
+    if state.server_args.enable_metrics and state.metrics is not None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         @app.get("/metrics")
@@ -333,7 +333,7 @@ async def _generate_one_token(state: ServerState) -> bool:
     tm = state.tokenizer_manager
     obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                            rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", log_metrics=False)
-    if getattr(state.server_args, "disaggregation_mode", "null") != "null":
+    if state.server_args.disaggregation_mode != "null":
         obj.bootstrap_host = FAKE_BOOTSTRAP_HOST
         obj.bootstrap_room = 0
 
@@ -365,12 +365,13 @@ def _model_info(state: ServerState) -> dict:
         "served_model_name": state.ctx.served_model_name,
         "tokenizer_path": sa.tokenizer_path,
         "is_generation": True,
-        "preferred_sampling_params": getattr(sa, "preferred_sampling_params", None),
-        "weight_version": getattr(sa, "weight_version", "default"),
-        "load_format": getattr(sa, "load_format", "auto"),
-        "reasoning_parser": getattr(sa, "reasoning_parser", None),
-        "tool_call_parser": getattr(sa, "tool_call_parser", None),
-        "disaggregation_mode": getattr(sa, "disaggregation_mode", "null"),
+        # upstream-only flags (accepted, no effect here) are reported as given
+        "preferred_sampling_params": sa.ignored_upstream_args.get("preferred_sampling_params"),
+        "weight_version": sa.weight_version,
+        "load_format": sa.load_format,
+        "reasoning_parser": sa.ignored_upstream_args.get("reasoning_parser"),
+        "tool_call_parser": sa.ignored_upstream_args.get("tool_call_parser"),
+        "disaggregation_mode": sa.disaggregation_mode,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": hf.get("model_type"),

@@ -108,7 +108,7 @@ def _start_bootstrap_server(server_args):
     it must be up before the scheduler's KV manager registers with it."""
     if server_args.disaggregation_mode != "prefill":
         return None
-    from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
+    from sglang.srt.disaggregation.transfer_backends import KVClassType, get_kv_class
 
     server_cls = get_kv_class(server_args.disaggregation_transfer_backend, KVClassType.BOOTSTRAP_SERVER)
     if server_cls is None:  # the fake backend has none

@@ -65,7 +65,7 @@ def build_state(server_args, procs) -> ServerState:
         model_sampling_defaults=load_model_sampling_defaults(procs.scheduler_info.get("model_path")),
     )
     state = ServerState(ctx=ctx)
-    if getattr(server_args, "enable_metrics", False):
+    if server_args.enable_metrics:
         from sglang.srt.metrics.collector import ServerMetricsCollector
 
         state.metrics = ServerMetricsCollector({"model_name": ctx.served_model_name}, tokenizer_manager=tm)
@@ -90,7 +90,7 @@ def serve(app, server_args, state: ServerState) -> None:
         app,
         host=server_args.host,
         port=server_args.port,
-        log_level=(getattr(server_args, "log_level_http", None) or server_args.log_level or "info").lower(),
+        log_level=(server_args.log_level_http or server_args.log_level or "info").lower(),
         timeout_keep_alive=5,
         timeout_graceful_shutdown=drain_s + 3,
         loop="uvloop",
@@ -154,7 +154,7 @@ def wait_and_warmup(server_args, state: ServerState) -> None:
     import requests
 
     base = server_args.url()
-    headers = {"Authorization": f"Bearer {server_args.api_key}"} if getattr(server_args, "api_key", None) else {}
+    headers = {"Authorization": f"Bearer {server_args.api_key}"} if server_args.api_key else {}
     deadline = time.time() + 600
     while True:
         try:
@@ -167,13 +167,13 @@ def wait_and_warmup(server_args, state: ServerState) -> None:
             return
         time.sleep(0.2)
 
-    if not getattr(server_args, "skip_server_warmup", False):
+    if not server_args.skip_server_warmup:
         payload: dict = {"sampling_params": {"temperature": 0, "max_new_tokens": 8}}
-        if getattr(server_args, "skip_tokenizer_init", False):
+        if server_args.skip_tokenizer_init:
             payload["input_ids"] = [10, 11, 12]
         else:
             payload["text"] = "The capital city of France is"
-        if getattr(server_args, "disaggregation_mode", "null") != "null":
+        if server_args.disaggregation_mode != "null":
             payload["bootstrap_host"] = FAKE_BOOTSTRAP_HOST
             payload["bootstrap_room"] = 0
         try:

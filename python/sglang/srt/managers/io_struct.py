@@ -1,4 +1,4 @@
-"""Typed messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
+"""(Shared by all three processes.) Typed messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
 
 They travel pickled over ZMQ. `GenerateReqInput` is also the request object of `/generate`
 and `Engine.generate`; `normalize_batch_and_arguments` says whether it is one prompt or a batch,

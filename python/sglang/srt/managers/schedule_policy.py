@@ -1,4 +1,4 @@
-"""Which waiting requests join the next prefill batch.
+"""(Scheduler process.) Which waiting requests join the next prefill batch.
 
 `order_waiting_queue` applies --schedule-policy (fcfs: arrival order; lpm: longest cached prefix
 first; priority via --enable-priority-scheduling). `PrefillAdder` admits requests under three
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.core.req import Req
 
 CLIP_MAX_NEW_TOKENS = 4096  # upstream's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default
 
@@ -39,12 +39,12 @@ def order_waiting_queue(queue: List[Req], policy: str, tree_cache, priority_sche
 
 
 class PrefillAdder:
-    def __init__(self, *, page_size: int, tree_cache, allocator, req_to_token_pool, running_reqs: List[Req],
-                 new_token_ratio: float, max_prefill_tokens: int, chunked_prefill_size: Optional[int],
-                 max_running_requests: int, mixed_with_decode_tokens: int = 0):
+    def __init__(self, *, memory, running_reqs: List[Req], new_token_ratio: float, max_prefill_tokens: int,
+                 chunked_prefill_size: Optional[int], max_running_requests: int, mixed_with_decode_tokens: int = 0):
+        page_size = memory.page_size
         self.page_size = page_size
-        self.tree_cache = tree_cache
-        self.req_to_token_pool = req_to_token_pool
+        self.tree_cache = tree_cache = memory.tree_cache
+        self.req_to_token_pool = memory.req_to_token_pool
         self.max_running_requests = max_running_requests
         self.num_running = len(running_reqs)
         reserved = sum(
@@ -52,7 +52,7 @@ class PrefillAdder:
             for r in running_reqs
         )
         self.new_token_ratio = new_token_ratio
-        self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - reserved
+        self.rem_total_tokens = memory.allocator.available_size() + tree_cache.evictable_size() - reserved
         # --enable-mixed-chunk: the running requests' decode tokens share the batch's token budgets
         # (never below one page, or a page-aligned chunk could not make progress at all).
         self.rem_input_tokens = max(max_prefill_tokens - mixed_with_decode_tokens, page_size)
@@ -63,7 +63,7 @@ class PrefillAdder:
         self.new_chunked_req: Optional[Req] = None
         # Hybrid SSM models: every admitted request needs a MambaPool slot (free, or freed by
         # evicting an unlocked tree state).
-        self.mamba_pool = getattr(tree_cache, "mamba_pool", None)
+        self.mamba_pool = memory.mamba_pool
 
     def _mamba_slot_available(self, anchor=None) -> bool:
         """A slot for one more request; `anchor`: the node its match ends at, whose state the

@@ -1,5 +1,9 @@
-"""(Scheduler process.) The scheduler: owns the model, the KV memory and the prefix cache, and
-runs the batches.
+"""(Scheduler process.) The scheduler: continuous batching over one model and one memory.
+
+It owns the `ModelRunner` (the model and its attention backend), the `MemoryManager`
+(`mem_cache/memory_manager.py`: pools, radix tree, retraction backups) and the server role
+(`server_role.py`: plain, or a PD role from `disaggregation/`, which sees the scheduler only
+through `SchedulerFacade`).
 
 One iteration (`step`): admit waiting requests into a prefill (extend) batch if any fit, else
 decode the running requests (retracting some first if the next token does not fit), sample,
@@ -22,11 +26,15 @@ from typing import List, Optional
 import torch
 
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, TokenizedGenerateReqInput
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from sglang.srt.core.finish_reason import FINISH_ABORT
+from sglang.srt.core.req import Req
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, order_waiting_queue
 from sglang.srt.managers.scheduler_intake import SchedulerIntakeMixin, running_timeout_s, waiting_timeout_s
 from sglang.srt.managers.scheduler_output import collect_outputs, record_logprobs
 from sglang.srt.managers.scheduler_stats import SchedulerStatsMixin
+from sglang.srt.managers.role_factory import make_role
+from sglang.srt.managers.server_role import SchedulerFacade
 
 logger = logging.getLogger(__name__)
 
@@ -36,103 +44,64 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
-    def __init__(self, server_args, model_runner=None):
+    def __init__(self, server_args):
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.layers.sampler import Sampler
-        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.model_loader.default_model import resolve_model_path
 
-        self.server_args = server_args
-        set_random_seed(server_args.random_seed)  # --random-seed (resolved to a random value when unset)
-        if model_runner is None:
-            model_path = resolve_model_path(server_args.model_path)
-            model_config = ModelConfig.from_path(model_path, server_args.context_length)
-            model_runner = ModelRunner(model_config, server_args)
-        self.model_runner = model_runner
-        self.model_config = model_runner.model_config
-        self.device = model_runner.device
-        self.page_size = model_runner.page_size
-        self.req_to_token_pool = model_runner.req_to_token_pool
-        self.allocator = model_runner.token_to_kv_pool_allocator
-        self.max_total_num_tokens = model_runner.max_total_num_tokens
-        self.max_running_requests = min(
-            server_args.max_running_requests or self.req_to_token_pool.size, self.req_to_token_pool.size
-        )
+        self.server_args = sa = server_args
+        set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
+        model_config = ModelConfig.from_path(resolve_model_path(sa.model_path), sa.context_length)
+        self.model_runner = ModelRunner(model_config, sa, build_memory=False)  # loads the weights
+        self.model_config = self.model_runner.model_config
+        self.device = self.model_runner.device
+        self.memory = _build_memory(sa, self.model_runner)
+        self.model_runner.attach_memory(self.memory)
+        self.page_size = self.memory.page_size
+        self.max_total_num_tokens = self.memory.max_total_num_tokens
+        self.max_running_requests = self.memory.max_running_requests
         # Upstream's limits: a sequence never outgrows the context or the whole KV pool.
         self.max_req_len = min(self.model_config.context_len - 1, self.max_total_num_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
 
         self.tokenizer = None
         self.eos_token_ids = _eos_token_ids(self.model_config)
-        if not getattr(server_args, "skip_tokenizer_init", False):
+        if not sa.skip_tokenizer_init:
             from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
-            self.tokenizer = load_tokenizer(server_args, default_path=self.model_config.model_path)
+            self.tokenizer = load_tokenizer(sa, default_path=self.model_config.model_path)
             if self.tokenizer.eos_token_id is not None:
                 self.eos_token_ids.add(self.tokenizer.eos_token_id)
-
-        self.tree_cache = create_tree_cache(
-            TreeCacheBuildContext(
-                server_args=server_args,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=self.page_size,
-                is_hybrid_swa=model_runner.is_hybrid_swa,
-                sliding_window_size=self.model_config.sliding_window_size,
-                is_hybrid_ssm=self.model_config.is_hybrid_ssm,
-                disable_radix_cache=server_args.disable_radix_cache,
-                enable_hierarchical_cache=getattr(server_args, "enable_hierarchical_cache", False),
-                eviction_policy=getattr(server_args, "radix_eviction_policy", "lru"),
-                retraction_backup=getattr(server_args, "disaggregation_decode_retraction_backup", None),
-                model_config=self.model_config,
-                mamba_pool=getattr(model_runner, "mamba_pool", None),
-            )
-        )
-        self.mamba_pool = getattr(model_runner, "mamba_pool", None)
         self.sampler = Sampler()
-
-        # PD disaggregation roles (None on a plain server).
-        from sglang.srt.mem_cache.retraction_backup import build_retraction_store
-
-        self.disagg_mode = server_args.disaggregation_mode
-        self.retraction_store = build_retraction_store(
-            server_args, self.model_config, model_runner.token_to_kv_pool, self.allocator, self.req_to_token_pool,
-            mamba_pool=getattr(model_runner, "mamba_pool", None),
-        )
-        self.decode_queues = None
-        self.prefill_queues = None
-        if self.disagg_mode == "decode":
-            from sglang.srt.disaggregation.decode import DecodeQueues
-
-            self.decode_queues = DecodeQueues(self)
-        elif self.disagg_mode == "prefill":
-            from sglang.srt.disaggregation.prefill import PrefillQueues
-
-            self.prefill_queues = PrefillQueues(self)
 
         self.waiting_queue: List[Req] = []
         self.running_reqs: List[Req] = []
         self.chunked_req: Optional[Req] = None
-        conservativeness = getattr(server_args, "schedule_conservativeness", 1.0)
-        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * sa.schedule_conservativeness, 1.0)
         self.min_new_token_ratio = min(self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_new_token_ratio
         self.forward_ct = 0
         self.num_retracted_total = 0
         self.num_recomputed_tokens = 0  # prompt tokens prefilled again after a retraction
-        self.stream_interval = getattr(server_args, "stream_interval", 1)
+        self.stream_interval = sa.stream_interval
         self.pending_outputs: List[BatchTokenIDOutput] = []
-        self.init_free_kv = self.allocator.available_size()
         self.waiting_timeout_s = waiting_timeout_s()
         self.running_timeout_s = running_timeout_s()
-        self.enable_mixed_chunk = bool(server_args.enable_mixed_chunk and server_args.chunked_prefill_size
-                                       and server_args.chunked_prefill_size > 0)
         self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
         self.forward_started_at: Optional[float] = None  # read by the watchdog thread
         self.num_mixed_batches = 0  # prefill batches that carried decode tokens (--enable-mixed-chunk)
         self.init_stats()
+
+        # What --disaggregation-mode adds (PD queues and transfers) sits behind the role.
+        self.role = make_role(sa.disaggregation_mode, SchedulerFacade(self))
+        self.enable_mixed_chunk = bool(sa.enable_mixed_chunk and sa.chunked_prefill_size and sa.chunked_prefill_size > 0
+                                       and self.role.allows_mixed_chunk)
+
+    def close(self) -> None:
+        """Stops the role's transfer threads and sockets (in-process schedulers: tests, tools)."""
+        self.role.close()
 
     def emit(self, reqs: List[Req]) -> None:
         """Queues the outputs of these requests (new tokens, finish) for the detokenizer."""
@@ -140,19 +109,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     # --- one iteration -----------------------------------------------------------------------
     def has_work(self) -> bool:
-        if self.waiting_queue or self.running_reqs or self.chunked_req:
-            return True
-        return any(q is not None and q.has_work() for q in (self.decode_queues, self.prefill_queues))
+        return bool(self.waiting_queue or self.running_reqs or self.chunked_req) or self.role.has_work()
 
     def step(self) -> List[BatchTokenIDOutput]:
         """Runs one batch (prefill if anything can be admitted, else decode). Returns outputs to send."""
         self.in_flight = []
         self.abort_timed_out()
         self._drop_aborted_running()
-        if self.decode_queues is not None:
-            self.decode_queues.process()
-        if self.prefill_queues is not None:
-            self.prefill_queues.process()
+        self.role.process()
         batch = self.get_new_prefill_batch()
         if batch is not None:
             self.run_extend(*batch)
@@ -175,8 +139,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             if req in self.running_reqs:
                 self.running_reqs.remove(req)
             req.finished_reason = req.to_abort
-            self.release_kv(req)
-            self._release_transfer(req)
+            self.memory.release(req)
+            self.role.release(req)
         if aborted:
             self.emit(aborted)
 
@@ -188,24 +152,22 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         victims = [r for r in self.in_flight if not r.finished()]
         self.in_flight = []
         for req in victims:
-            self._unqueue(req)
+            self.unqueue(req)
             req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
-            self._release_after_error(req)
+            self.release_after_error(req)
         if victims:
             logger.error("Aborted %d request(s) of the failed batch: %s", len(victims), [r.rid for r in victims])
             self.emit(victims)
 
-    def _release_after_error(self, req: Req) -> None:
+    def release_after_error(self, req: Req) -> None:
+        """A failed request gives back everything it holds, even if part of that fails."""
         req.finished_reason = req.to_abort
         try:
-            self.release_kv(req)
+            self.memory.release(req)
         except Exception:  # noqa: BLE001 - say so loudly; the pool check in the tests catches a leak
             logger.exception("Could not release the memory of request %s", req.rid)
         try:
-            self._release_transfer(req)
-            for queues in (self.decode_queues, self.prefill_queues):
-                if queues is not None:
-                    queues.release_after_error(req)
+            self.role.release_after_error(req)
         except Exception:  # noqa: BLE001
             logger.exception("Could not release the transfer state of request %s", req.rid)
 
@@ -213,17 +175,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def get_new_prefill_batch(self):
         if not self.waiting_queue and self.chunked_req is None:
             return None
-        if self.decode_queues is not None and self.decode_queues.retracted_queue:
-            return None  # retracted requests resume first
+        if not self.role.may_prefill():
+            return None  # e.g. a PD decode server's retracted requests resume first
         if len(self.running_reqs) >= self.max_running_requests and self.chunked_req is None:
             return None
         sa = self.server_args
         mixing = self._can_mix()
         adder = PrefillAdder(
-            page_size=self.page_size,
-            tree_cache=self.tree_cache,
-            allocator=self.allocator,
-            req_to_token_pool=self.req_to_token_pool,
+            memory=self.memory,
             running_reqs=self.running_reqs,
             new_token_ratio=self.new_token_ratio,
             max_prefill_tokens=sa.max_prefill_tokens,
@@ -239,7 +198,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             order_waiting_queue(
                 self.waiting_queue,
                 sa.schedule_policy,
-                self.tree_cache,
+                self.memory.tree_cache,
                 sa.enable_priority_scheduling,
                 sa.schedule_low_priority_values_first,
             )
@@ -259,7 +218,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         decoding = []
         if mixing and not any(r.return_logprob for r in reqs):
             decoding = self._prepare_mixed_decode()
-        batch = ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        batch = ScheduleBatch(reqs, self.memory, self.device)
         forward_batch = batch.prepare_for_extend(return_full_logits=any(r.wants_input_logprobs() for r in batch.reqs),
                                                  decoding_reqs=decoding)
         if forward_batch is None:
@@ -276,20 +235,19 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     def _can_mix(self) -> bool:
         """--enable-mixed-chunk: running requests decode inside the prefill batch (not with logprobs, as upstream)."""
-        return (self.enable_mixed_chunk and bool(self.running_reqs) and self.decode_queues is None
+        return (self.enable_mixed_chunk and bool(self.running_reqs)
                 and not any(r.return_logprob for r in self.running_reqs))
 
     def _prepare_mixed_decode(self) -> List[Req]:
         """The running requests to mix in, when their next tokens fit (eviction allowed); else []
         and they decode in their own step, which retracts if needed."""
-        probe = ScheduleBatch(self.running_reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
-        return list(self.running_reqs) if probe.check_decode_mem() else []
+        return list(self.running_reqs) if self.memory.decode_fits(self.running_reqs) else []
 
     def _undo_admission(self, reqs: List[Req]) -> None:
         for req in reversed(reqs):
             if req is self.chunked_req:
                 continue
-            self.release_kv(req)
+            self.memory.release(req)
             req.prefix_indices = torch.empty(0, dtype=torch.int64)
             self.waiting_queue.insert(0, req)
 
@@ -308,16 +266,15 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             req = batch.reqs[i]
             req.is_chunked = 0
             self._accept_token(req, int(next_ids[j]), samp, j)
-            if self.prefill_queues is not None and req.to_abort is None:
-                self.prefill_queues.on_prefill_done(req)  # KV goes to the decode server first
-                continue
+            if self.role.after_prefill(req):
+                continue  # a PD prefill server: the KV goes to the decode server first
             req.check_finished()
             to_emit.append(req)
             if req.finished():
-                self.release_kv(req, insert=True)
-                self._release_transfer(req)
+                self.memory.release(req, insert=True)
+                self.role.release(req)
             else:
-                self.tree_cache.cache_unfinished_req(req)
+                self.memory.cache_unfinished(req)
                 self.running_reqs.append(req)
         if decoding:
             self.num_mixed_batches += 1
@@ -326,15 +283,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 self._accept_token(req, int(next_ids[base + j]), samp, base + j)
                 req.check_finished()
                 if req.finished():
-                    self.release_kv(req, insert=True)
+                    self.memory.release(req, insert=True)
             self.running_reqs = [r for r in self.running_reqs if not r.finished()]
             self._after_decode(list(decoding))
             to_emit += list(decoding)
         if self.chunked_req is not None:
             self.chunked_req.is_chunked += 1
-            self.tree_cache.cache_unfinished_req(self.chunked_req, chunked=True)
-            if self.prefill_queues is not None:
-                self.prefill_queues.send_chunk(self.chunked_req)
+            self.memory.cache_unfinished(self.chunked_req, chunked=True)
+            self.role.after_chunk(self.chunked_req)
         self.emit(to_emit)
 
     def _accept_token(self, req: Req, token: int, samp, j: int) -> None:
@@ -356,7 +312,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     # --- decode --------------------------------------------------------------------------------
     def run_decode(self) -> None:
-        batch = ScheduleBatch(self.running_reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.device)
+        batch = ScheduleBatch(self.running_reqs, self.memory, self.device)
         self.in_flight = list(batch.reqs)
         if not batch.check_decode_mem():
             self.retract(batch)
@@ -374,35 +330,24 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             self._accept_token(req, int(next_ids[j]), samp, j)
             req.check_finished()
             if req.finished():
-                self.release_kv(req, insert=True)
+                self.memory.release(req, insert=True)
         self.running_reqs = [r for r in batch.reqs if not r.finished()]
         self._after_decode(batch.reqs)
         self.emit(batch.reqs)
 
     def _after_decode(self, reqs: List[Req]) -> None:
-        if self.model_runner.is_hybrid_swa:
-            self._free_swa_out_of_window([r for r in reqs if not r.finished()])
+        if self.memory.is_hybrid_swa:
+            window = self.model_config.sliding_window_size
+            for req in reqs:
+                if not req.finished():
+                    self.memory.free_swa_out_of_window(req, window)
         self.log_decode_stats()
-
-    def _free_swa_out_of_window(self, reqs: List[Req]) -> None:
-        """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to.
-
-        Only the request's own pages (past cache_protected_len); the tree keeps its own."""
-        window, ps = self.model_config.sliding_window_size, self.page_size
-        for req in reqs:
-            end = (req.kv_len - window) // ps * ps
-            start = max(req.swa_freed_len, req.cache_protected_len)
-            if end > start:
-                self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].clone())
-                req.swa_freed_len = end
 
     def retract(self, batch: ScheduleBatch) -> None:
         sa = self.server_args
         before = len(batch.reqs)
         retracted, aborted = batch.retract_decode(
-            self.release_req_for_retract,
-            getattr(sa, "retraction_policy", "length"),
-            getattr(sa, "schedule_low_priority_values_first", False),
+            self.release_req_for_retract, sa.retraction_policy, sa.schedule_low_priority_values_first
         )
         old_ratio = self.new_token_ratio
         self.new_token_ratio = self._ratio_after_retract(batch.reqs)
@@ -416,11 +361,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             req.finished_reason = req.to_abort
         if aborted:
             self.emit(aborted)
-        if self.decode_queues is not None:
-            self.decode_queues.retracted_queue.extend(retracted)  # resumed from their backups
-        else:
-            # Re-prefilled later; at the front, since they arrived before anything still waiting.
-            self.waiting_queue[0:0] = retracted
+        self.role.requeue_retracted(retracted)
         assert len(batch.reqs) + len(retracted) + len(aborted) == before
 
     def _ratio_after_retract(self, reqs: List[Req]) -> float:
@@ -429,37 +370,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         ratio = (total_decoded + 0.05 * total_max) / max(total_max, 1)  # upstream's retract estimate
         return min(1.0, ratio)
 
-    def release_req_for_retract(self, req: Req, backup: bool) -> bool:
-        """Frees a retracted request's KV. A plain server recomputes it later; a PD decode server
-        first backs it up (cpu_tensor / host_pool) and returns False (abort) when it cannot."""
-        saved = None
-        store = self.retraction_store
-        if store is not None and backup:
-            indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
-            saved = store.backup(indices, getattr(req, "mamba_pool_idx", None))
-        self.release_kv(req)
-        if store is not None:
-            if saved is None:
-                if req.to_abort is None:
-                    req.to_abort = store.abort_reason()
-                logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
-                return False
-            req.retraction_backup = saved
-        req.reset_for_retract()
-        return True
-
-    # --- memory release -------------------------------------------------------------------------
-    def release_kv(self, req: Req, insert: bool = False) -> None:
-        """Gives back a request's KV: into the radix tree (`insert`, finished requests) or to the pool."""
-        if req.req_pool_idx is None:  # admitted (prefix locked) but never allocated
-            if req.last_node is not None:
-                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
-            req.last_node, req.lock_receipt = None, None
-            if req.mamba_pool_idx is not None:
-                self.tree_cache.free_req_mamba_slot(req)
-            return
-        self.tree_cache.cache_finished_req(req, is_insert=insert)
-        req.req_pool_idx = None
+    def release_req_for_retract(self, req: Req, keep: bool) -> bool:
+        """Frees a retraction victim's memory. `keep`: it waits to run again (the role decides how:
+        recompute on a plain server, a KV backup on a PD decode server) and False means it could
+        not be kept (`to_abort` says why); otherwise it is being aborted."""
+        if keep:
+            return self.role.retract(req)
+        self.memory.release(req)
+        return False
 
     # --- sampling ------------------------------------------------------------------------------
     def _sample(self, reqs: List[Req], logits: torch.Tensor):
@@ -487,6 +405,40 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 req.output_token_ids_logprobs.append(list(zip(values, ids)))
 
         return out.next_token_ids.tolist(), attach
+
+
+def _build_memory(server_args, model_runner):
+    """The scheduler's MemoryManager: the pools for this model, then the radix tree over them
+    (the registry picks it from the CacheConfig slice) and, on a PD decode server, the store
+    that keeps retracted requests' KV."""
+    from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+    from sglang.srt.mem_cache.retraction_backup import build_retraction_store
+
+    sa, model_config = server_args, model_runner.model_config
+    memory = model_runner.build_memory(MemoryConfig.from_server_args(sa))
+    memory.attach_tree_cache(create_tree_cache(TreeCacheBuildContext(
+        req_to_token_pool=memory.req_to_token_pool,
+        token_to_kv_pool_allocator=memory.allocator,
+        cache_config=CacheConfig.from_server_args(sa),
+        server_args=sa,
+        page_size=memory.page_size,
+        is_hybrid_swa=memory.is_hybrid_swa,
+        sliding_window_size=model_config.sliding_window_size,
+        is_hybrid_ssm=model_config.is_hybrid_ssm,
+        disable_radix_cache=sa.disable_radix_cache,
+        enable_hierarchical_cache=sa.enable_hierarchical_cache,
+        eviction_policy=sa.radix_eviction_policy,
+        retraction_backup=sa.disaggregation_decode_retraction_backup,
+        model_config=model_config,
+        mamba_pool=memory.mamba_pool,
+    )))
+    memory.attach_retraction_store(build_retraction_store(
+        sa, model_config, memory.token_to_kv_pool, memory.allocator, memory.req_to_token_pool,
+        mamba_pool=memory.mamba_pool,
+    ))
+    return memory
+
 
 def set_random_seed(seed: Optional[int]) -> None:
     """Seeds Python, NumPy and torch, as upstream: sampling without a per-request seed is

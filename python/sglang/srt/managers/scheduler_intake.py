@@ -14,16 +14,18 @@ import time
 from typing import List, Optional
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
+from sglang.srt.core.finish_reason import (
+    ABORT_IN_QUEUE_MESSAGE,
+    ABORT_RUNNING_MESSAGE,
+    FINISH_ABORT,
+    QUEUE_FULL_MESSAGE,
+    QUEUED_TIMEOUT_MESSAGE,
+    RUNNING_TIMEOUT_MESSAGE,
+)
+from sglang.srt.core.req import Req
 
 logger = logging.getLogger(__name__)
 
-# Upstream's user-visible texts.
-ABORT_IN_QUEUE_MESSAGE = "Abort in waiting queue"
-ABORT_RUNNING_MESSAGE = "Aborted"
-QUEUE_FULL_MESSAGE = "The request queue is full."
-QUEUED_TIMEOUT_MESSAGE = "Request waiting timeout reached."
-RUNNING_TIMEOUT_MESSAGE = "Request running timeout reached."
 
 
 def _env_seconds(name: str, legacy_ms_name: Optional[str] = None) -> Optional[float]:
@@ -73,7 +75,7 @@ class SchedulerIntakeMixin:
         try:
             self._admit(req, recv)
         except Exception:
-            self._unqueue(req)
+            self.unqueue(req)
             raise
         return req
 
@@ -102,55 +104,45 @@ class SchedulerIntakeMixin:
         if req.to_abort is not None:
             self.reject_rooms(recv.bootstrap_host, recv.bootstrap_port, [recv.bootstrap_room],
                               req.to_abort.message, req.to_abort.status_code)  # the PD peer must not wait
-            self._finish_unscheduled(req)
-        elif self.decode_queues is not None:
-            self.decode_queues.add(req, recv)
-        elif self.prefill_queues is not None:
-            self.prefill_queues.add(req, recv)
+            self.finish_unscheduled(req)
         else:
-            self.waiting_queue.append(req)
+            self.role.add(req, recv)  # plain: the waiting queue; PD: the role's first queue
 
     def reject_rooms(self, host, port, rooms, message: str, status_code) -> None:
         """Requests this server refused (here or in its tokenizer): their PD peer is told."""
-        for queues in (self.decode_queues, self.prefill_queues):
-            if queues is not None:
-                for room in rooms:
-                    queues.reject(host, port, room, message, status_code)
+        for room in rooms:
+            self.role.reject(host, port, room, message, status_code)
 
     def queue_is_full(self) -> bool:
         """--max-queued-requests (plain servers only, as upstream: PD roles have their own queues)."""
         limit = self.server_args.max_queued_requests
-        return limit is not None and self.disagg_mode == "null" and len(self.waiting_queue) >= limit
+        return limit is not None and self.role.applies_queue_limit and len(self.waiting_queue) >= limit
 
     def reject_request(self, recv: TokenizedGenerateReqInput, message: str) -> None:
         """A request that could not be added (a bug on our side): abort it with a 500."""
-        for req in self._all_reqs():
+        for req in self.all_reqs():
             if req.rid == recv.rid:
-                self._unqueue(req)
+                self.unqueue(req)
                 req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
-                self._release_after_error(req)
+                self.release_after_error(req)
                 self.emit([req])
                 return
         req = self._new_req(recv)
         req.finished_reason = FINISH_ABORT(message, 500, "InternalServerError")
         self.emit([req])
 
-    def _all_reqs(self) -> List[Req]:
-        reqs = list(self.waiting_queue) + list(self.running_reqs) + ([self.chunked_req] if self.chunked_req else [])
-        for queues in (self.decode_queues, self.prefill_queues):
-            if queues is not None:
-                reqs += queues.all_reqs()
-        return reqs
+    def all_reqs(self) -> List[Req]:
+        chunked = [self.chunked_req] if self.chunked_req else []
+        return list(self.waiting_queue) + list(self.running_reqs) + chunked + self.role.all_reqs()
 
-    def _unqueue(self, req: Req) -> None:
+    def unqueue(self, req: Req) -> None:
+        """Takes `req` out of every queue it is in (its memory is the caller's to release)."""
         for queue in (self.waiting_queue, self.running_reqs):
             if req in queue:
                 queue.remove(req)
         if req is self.chunked_req:
             self.chunked_req = None
-        for queues in (self.decode_queues, self.prefill_queues):
-            if queues is not None:
-                queues.remove(req)
+        self.role.remove(req)
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Aborts the request `rid` (exact match; the tokenizer expands a client rid to its sequences)."""
@@ -161,14 +153,12 @@ class SchedulerIntakeMixin:
         for req in [r for r in self.waiting_queue if hit(r)]:
             self.waiting_queue.remove(req)
             req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
-            self.release_kv(req)  # a retracted request re-queued on a plain server holds nothing; this is safe
-            self._finish_unscheduled(req)
+            self.memory.release(req)  # a retracted request re-queued on a plain server holds nothing; this is safe
+            self.finish_unscheduled(req)
         for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
             if hit(req) and req.to_abort is None:
                 req.to_abort = FINISH_ABORT(ABORT_RUNNING_MESSAGE)
-        for queues in (self.decode_queues, self.prefill_queues):
-            if queues is not None:
-                queues.abort(hit)
+        self.role.abort(hit)
 
     def abort_timed_out(self) -> None:
         """SGLANG_QUEUED_TIMEOUT_MS (waiting) and SGLANG_REQ_RUNNING_TIMEOUT (running), as upstream."""
@@ -177,25 +167,16 @@ class SchedulerIntakeMixin:
             for req in [r for r in self.waiting_queue if now - r.queue_time_start > self.waiting_timeout_s]:
                 self.waiting_queue.remove(req)
                 req.to_abort = FINISH_ABORT(QUEUED_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
-                self.release_kv(req)
-                self._finish_unscheduled(req)
+                self.memory.release(req)
+                self.finish_unscheduled(req)
         if self.running_timeout_s is not None:
             for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
                 started = req.forward_entry_time
                 if req.to_abort is None and started is not None and now - started > self.running_timeout_s:
                     req.to_abort = FINISH_ABORT(RUNNING_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
 
-    def _finish_unscheduled(self, req: Req) -> None:
+    def finish_unscheduled(self, req: Req) -> None:
+        """Ends a request that is not running (its `to_abort` is the reason) and reports it."""
         req.finished_reason = req.to_abort
-        self._release_transfer(req)
+        self.role.release(req)
         self.emit([req])
-
-    def _release_transfer(self, req: Req) -> None:
-        """An aborted PD prefill request gives up its sender and metadata row."""
-        if self.prefill_queues is not None and getattr(req, "kv_sender", None) is not None:
-            req.kv_sender.abort()
-            if req.metadata_idx is not None:
-                self.prefill_queues.metadata_allocator.free(req.metadata_idx)
-                req.metadata_idx = None
-            req.kv_sender = None
-

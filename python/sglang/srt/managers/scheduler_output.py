@@ -1,4 +1,4 @@
-"""What the scheduler sends out after a batch: new tokens, finish reasons, logprobs."""
+"""(Scheduler process.) What the scheduler sends out after a batch: new tokens, finish reasons, logprobs."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def collect_outputs(reqs: List, stream_interval: int = 1) -> BatchTokenIDOutput:
         out.finished_reasons.append(req.finished_reason.to_json() if req.finished_reason else None)
         out.output_ids.append(list(req.output_ids))
         out.read_offsets.append(req.sent_len)
-        out.skip_special_tokens.append(getattr(sp, "skip_special_tokens", True))
-        out.spaces_between_special_tokens.append(getattr(sp, "spaces_between_special_tokens", True))
-        out.no_stop_trim.append(getattr(sp, "no_stop_trim", False))
-        out.stop_strs.append(list(getattr(sp, "stop_strs", None) or []))
+        out.skip_special_tokens.append(sp.skip_special_tokens)
+        out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+        out.no_stop_trim.append(sp.no_stop_trim)
+        out.stop_strs.append(list(sp.stop_strs or []))
         out.prompt_tokens.append(len(req.origin_input_ids))
         out.completion_tokens.append(len(req.output_ids))
         out.cached_tokens.append(req.cached_tokens)
@@ -64,7 +64,7 @@ def record_logprobs(reqs: List, forward_batch, logits_output, sampler) -> None:
     The logits at position p score token p+1 of the prompt. Token `logprob_start_len` is the
     first reported; the very first prompt token has no logprob (None), as upstream.
     """
-    full = getattr(logits_output, "full_logits", None)
+    full = logits_output.full_logits
     if full is None:
         return
     from sglang.srt.layers.sampler import compute_prompt_logprobs

@@ -21,20 +21,13 @@ class SchedulerStatsMixin:
         self.last_decode_log_time = time.perf_counter()
         self.last_gen_throughput = 0.0
 
-    def _token_usage(self):
-        used = self.max_total_num_tokens - (self.allocator.available_size() + self.tree_cache.evictable_size())
-        return used, used / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
-
     def log_prefill_stats(self, reqs, adder) -> None:
         new_tokens = sum(r.extend_input_len for r in reqs)
         cached = sum(len(r.prefix_indices) for r in reqs)
-        _, usage = self._token_usage()
+        _, usage = self.memory.token_usage()
         msg = (f"Prefill batch. #new-seq: {len(reqs)}, #new-token: {new_tokens}, #cached-token: {cached}, "
                f"token usage: {usage:.2f}, #running-req: {len(self.running_reqs)}, "
-               f"#queue-req: {len(self.waiting_queue)}, ")
-        if self.prefill_queues is not None:
-            st = self.prefill_queues.stats()
-            msg += f"#prealloc-req: {st['num_bootstrap_queue_reqs']}, #inflight-req: {st['num_inflight_queue_reqs']}, "
+               f"#queue-req: {len(self.waiting_queue)}, {self.role.log_fields(decode=False)}")
         graph = "cpu graph" if self.device == "cpu" else "cuda graph"
         logger.info(msg + f"{graph}: False")
 
@@ -48,13 +41,9 @@ class SchedulerStatsMixin:
         self.last_gen_throughput = self.num_generated_tokens / gap
         self.num_generated_tokens = 0
         self.last_decode_log_time = now
-        used, usage = self._token_usage()
-        msg = f"Decode batch. #running-req: {len(self.running_reqs)}, #token: {used}, token usage: {usage:.2f}, "
-        if self.decode_queues is not None:
-            st = self.decode_queues.stats()
-            msg += (f"pre-allocated usage: {st['pre_allocated_tokens'] / self.max_total_num_tokens:.2f}, "
-                    f"#prealloc-req: {st['num_prealloc_queue_reqs']}, #transfer-req: {st['num_transfer_queue_reqs']}, "
-                    f"#retracted-req: {st['num_retracted_queue_reqs']}, ")
+        used, usage = self.memory.token_usage()
+        msg = (f"Decode batch. #running-req: {len(self.running_reqs)}, #token: {used}, token usage: {usage:.2f}, "
+               f"{self.role.log_fields(decode=True)}")
         graph = "cpu graph" if self.device == "cpu" else "cuda graph"
         logger.info(msg + f"{graph}: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
                     f"#queue-req: {len(self.waiting_queue)}")
@@ -63,11 +52,7 @@ class SchedulerStatsMixin:
     def flush_cache(self) -> bool:
         if self.has_work():
             return False
-        self.tree_cache.reset()
-        self.req_to_token_pool.clear()
-        self.allocator.clear()
-        if self.mamba_pool is not None:
-            self.mamba_pool.clear()
+        self.memory.flush()
         return True
 
     def ready_info(self) -> dict:
@@ -83,38 +68,17 @@ class SchedulerStatsMixin:
             "page_size": self.page_size,
         }
 
-    def _evictable_mamba_slots(self):
-        if self.mamba_pool is None:
-            return None
-        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-
-        return self.tree_cache.component_evictable_size(ComponentType.MAMBA)
-
     def internal_state(self) -> dict:
+        """`/server_info` and `/metrics`: queues, the memory manager's accounting, the role's queues."""
         return {
             "num_waiting_reqs": len(self.waiting_queue),
             "num_running_reqs": len(self.running_reqs),
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "available_kv_tokens": self.allocator.available_size(),
-            "evictable_kv_tokens": self.tree_cache.evictable_size(),
-            "protected_kv_tokens": self.tree_cache.protected_size(),
-            "available_req_slots": self.req_to_token_pool.available_size(),
-            "available_mamba_slots": self.mamba_pool.available_size() if self.mamba_pool is not None else None,
-            "mamba_pool_size": self.mamba_pool.size if self.mamba_pool is not None else None,
-            "evictable_mamba_slots": self._evictable_mamba_slots(),
-            "req_pool_size": self.req_to_token_pool.size,
+            **self.memory.stats(),
             "max_running_requests": self.max_running_requests,
             "num_retracted_reqs_total": self.num_retracted_total,
             "num_recomputed_tokens": self.num_recomputed_tokens,
             "new_token_ratio": self.new_token_ratio,
             "forward_ct": self.forward_ct,
             "num_mixed_batches": self.num_mixed_batches,
-            "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
-            "disaggregation": {
-                "mode": self.disagg_mode,
-                **(self.decode_queues.stats() if self.decode_queues else {}),
-                **(self.prefill_queues.stats() if self.prefill_queues else {}),
-            },
+            "disaggregation": {"mode": self.role.mode, **self.role.stats()},
         }
-
-

@@ -1,4 +1,4 @@
-"""Loads the tokenizer a server uses (also for the packaged default model). Every process that
+"""(Tokenizer/HTTP and scheduler processes.) Loads the tokenizer a server uses (also for the packaged default model). Every process that
 needs one (tokenizer manager, detokenizer, scheduler) loads it from the same place:
 `--tokenizer-path` when given, else the model (`--tokenizer-mode slow`: the Python tokenizer)."""
 

@@ -19,8 +19,10 @@ Then upstream's post-checks and the "Tree cache initialized: ..." log line.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
+
+from sglang.srt.configs.runtime_config import CacheConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +47,16 @@ class TreeCacheBuildContext:
       Cache choice follows upstream's pool-based "pure SWA" (is_hybrid_swa and no full tokens);
       the host-pool refusal also fires for a pure-SWA *model* on a plain pool.
     retraction_backup: the *resolved* `--disaggregation-decode-retraction-backup`.
+    cache_config: the cache flags the chain reads (`CacheConfig`, a slice of `ServerArgs`);
+      `server_args` is the whole record, for registered backends that want more (as upstream).
     attach_hicache: builds the host stack when HiCache or host-pool retraction is on; called as
       `cache.init_hicache(attach_hicache)` (see `UnifiedRadixCache.init_hicache`).
     """
 
-    server_args: Any
     req_to_token_pool: Any
     token_to_kv_pool_allocator: Any
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    server_args: Any = None
     page_size: int = 1
     is_hybrid_swa: bool = False
     is_hybrid_ssm: bool = False
@@ -117,10 +122,6 @@ def _unregister_radix_cache_backend(name: str) -> None:
 
 
 # ---- the default chain ----------------------------------------------------------------------
-def _opt(server_args: Any, name: str, default: Any = None) -> Any:
-    return getattr(server_args, name, default) if server_args is not None else default
-
-
 def _cache_params(ctx: TreeCacheBuildContext, disable: bool, components):
     from sglang.srt.mem_cache.unified_cache.cache_init_params import CacheInitParams
 
@@ -164,21 +165,21 @@ def create_unified_radix_cache(ctx: TreeCacheBuildContext, *, cache_class=None):
 
 
 def default_radix_cache_factory(ctx: TreeCacheBuildContext):
-    sa = ctx.server_args
+    cfg = ctx.cache_config
     if ctx.disable_radix_cache:
         if ctx.is_pure_swa and ctx.retraction_backup != "host_pool":
             return _disabled_cache(ctx)  # upstream: PureSWARadixCache
         return create_unified_radix_cache(ctx)
-    if _opt(sa, "enable_lmcache", False):
+    if cfg.enable_lmcache:
         raise NotImplementedError("--enable-lmcache: LMCacheUnifiedRadixCache is not available in this build.")
-    if _opt(sa, "enable_unified_cache_external_linker", False):
+    if cfg.enable_unified_cache_external_linker:
         raise NotImplementedError("--enable-unified-cache-external-linker: no external linker is available in this build.")
     if ctx.is_pure_swa:
         validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, True)
         return _disabled_cache(ctx)  # upstream: PureSWARadixCache
     # A pure-SWA model on a plain pool (every layer's KV kept, windows applied by the attention
     # mask) caches like a dense model: FULL only.
-    if _opt(sa, "enable_flexkv", False):
+    if cfg.enable_flexkv:
         raise NotImplementedError("--enable-flexkv: FlexKV is not available in this build.")
     return create_unified_radix_cache(ctx)
 
@@ -186,8 +187,8 @@ def default_radix_cache_factory(ctx: TreeCacheBuildContext):
 def create_tree_cache(ctx: TreeCacheBuildContext):
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    sa = ctx.server_args
-    name = _opt(sa, "radix_cache_backend")
+    cfg = ctx.cache_config
+    name = cfg.radix_cache_backend
     if name:
         factory = get_radix_cache_factory(name)
         if factory is None:
@@ -203,26 +204,26 @@ def create_tree_cache(ctx: TreeCacheBuildContext):
     impl = type(cache).__name__
     is_unified = isinstance(cache, UnifiedRadixCache)
     if (
-        (ctx.enable_hierarchical_cache or _opt(sa, "enable_hierarchical_cache", False))
-        and _opt(sa, "hicache_host_memory_mode") == "buffer_only"
+        (ctx.enable_hierarchical_cache or cfg.enable_hierarchical_cache)
+        and cfg.hicache_host_memory_mode == "buffer_only"
         and not is_unified
     ):
         raise ValueError(
             f"--hicache-host-memory-mode buffer_only is only implemented for the unified radix tree; this model selected {impl}."
         )
-    if _opt(sa, "enable_session_radix_cache", False) and is_unified:
+    if cfg.enable_session_radix_cache and is_unified:
         raise NotImplementedError("--enable-session-radix-cache: session radix caching is not available in this build.")
-    if _opt(sa, "enable_session_radix_cache", False) and not hasattr(cache, "enable_session_radix_cache"):
+    if cfg.enable_session_radix_cache and not hasattr(cache, "enable_session_radix_cache"):
         raise ValueError(
             f"--enable-session-radix-cache requires UnifiedRadixCache, but tree_cache is {impl}. Drop the flag or the "
             f"option that selected another tree cache for this model."
         )
-    if _opt(sa, "radix_eviction_policy") == "tlru" and not is_unified:
+    if cfg.radix_eviction_policy == "tlru" and not is_unified:
         raise ValueError(
             f"--radix-eviction-policy tlru requires UnifiedRadixCache, but tree_cache is {impl}. Drop the flag or the "
             f"option that selected another tree cache for this model."
         )
-    if _opt(sa, "enable_streaming_session", False) and not is_unified:
+    if cfg.enable_streaming_session and not is_unified:
         raise NotImplementedError(
             f"--enable-streaming-session is not verified with {impl}; streaming sessions run on UnifiedRadixCache. "
             f"Please open an issue or a PR at https://github.com/sgl-project/sglang if you need this."

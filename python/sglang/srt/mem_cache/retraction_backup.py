@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from sglang.srt.managers.schedule_batch import FINISH_ABORT
+from sglang.srt.core.finish_reason import FINISH_ABORT
 
 logger = logging.getLogger(__name__)
 
@@ -119,11 +119,11 @@ def build_retraction_store(server_args, model_config, device_pool, allocator, re
     host_pool = None
     if backend == "host_pool":
         ratio = server_args.hicache_ratio
-        explicit = getattr(server_args, "raw_input", lambda: {})().get("hicache_ratio") is not None
+        explicit = server_args.raw_input().get("hicache_ratio") is not None
         if not explicit and not server_args.hicache_size:
             ratio = decode_retraction_hicache_ratio(
                 req_to_token_pool.max_context_len, device_pool.size, device_pool.page_size,
-                getattr(server_args, "disaggregation_decode_host_receive_threshold", 1.0),
+                server_args.disaggregation_decode_host_receive_threshold,
             )
             server_args.override("kv_cache_builder.decode_retraction", hicache_ratio=ratio)
         tokens = host_pool_num_tokens(device_pool.size, device_pool.page_size, device_pool.bytes_per_token(),

@@ -217,7 +217,7 @@ class UnifiedRadixCache:
         (copy-on-write; the tree slot is never written by a request), or zero it when the
         request starts from no cached prefix."""
         slot = req.mamba_pool_idx
-        node = getattr(req, "last_node", None)
+        node = req.last_node
         src = None
         if self.has_mamba_component and node is not None and not node.is_root and len(req.prefix_indices) > 0:
             from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
@@ -228,7 +228,7 @@ class UnifiedRadixCache:
             self.mamba_pool.clear_slot(slot)
         else:
             self.mamba_pool.copy_from(src, slot)
-        self._drop_mamba_lock(getattr(req, "lock_receipt", None))
+        self._drop_mamba_lock(req.lock_receipt)
 
     def alloc_mamba_slot(self) -> Optional[int]:
         """One MambaPool slot, evicting one unlocked tree state when none is free."""
@@ -242,7 +242,7 @@ class UnifiedRadixCache:
         """Give `node` (the end of a freshly inserted key of `num_tokens` tokens) a copy of the
         request's state, which summarises `state_tokens` tokens; only when the two agree.
         `donate` (the request is done with its slot): the tree takes the slot itself, no copy."""
-        slot = getattr(req, "mamba_pool_idx", None)
+        slot = req.mamba_pool_idx
         if not self.has_mamba_component or slot is None or node.is_root or num_tokens != state_tokens:
             return
         if node.data(MAMBA).value is not None:
@@ -262,14 +262,13 @@ class UnifiedRadixCache:
         self.core.set_component_value(node, MAMBA, torch.tensor([tree_slot], dtype=torch.int64))
 
     def free_req_mamba_slot(self, req) -> None:
-        slot = getattr(req, "mamba_pool_idx", None)
+        slot = req.mamba_pool_idx
         if slot is not None and self.mamba_pool is not None:
             self.mamba_pool.free(slot)
-        if hasattr(req, "mamba_pool_idx"):
-            req.mamba_pool_idx = None
+        req.mamba_pool_idx = None
 
     def _release_lock(self, req) -> None:
-        if getattr(req, "last_node", None) is not None:
+        if req.last_node is not None:
             self.dec_lock_ref(req.last_node, req.lock_receipt)
         req.last_node = None
         req.lock_receipt = None
@@ -279,13 +278,13 @@ class UnifiedRadixCache:
         locked `last_node` (invariant under splits, since a split keeps the node's end). It is
         what `cache_protected_len` must say; computed here so a stale field cannot make the cache
         free slots the tree owns."""
-        node, depth = getattr(req, "last_node", None), 0
+        node, depth = req.last_node, 0
         if node is None or self.disable:
             return 0
         while not node.is_root:
             depth += len(node)
             node = node.parent
-        claimed = getattr(req, "cache_protected_len", None)
+        claimed = req.cache_protected_len
         if claimed and claimed != depth:
             logger.warning("req.cache_protected_len=%s but its locked prefix has %s tokens; using %s", claimed, depth, depth)
         req.cache_protected_len = depth
@@ -293,10 +292,7 @@ class UnifiedRadixCache:
 
     @staticmethod
     def _kv_committed_len(req) -> int:
-        n = getattr(req, "kv_committed_len", None)
-        if n is not None:
-            return int(n)
-        return len(req.origin_input_ids) + len(req.output_ids) - 1
+        return int(req.kv_committed_len)
 
     def cache_finished_req(self, req, is_insert: bool = True) -> None:
         free = self.token_to_kv_pool_allocator.free

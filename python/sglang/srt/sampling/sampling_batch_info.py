@@ -130,7 +130,7 @@ class SamplingBatchInfo:
             banned, still = [], []
             for r, sp in zip(reqs, sps):
                 ids = set(default_eos)
-                ids |= set(getattr(r, "eos_token_ids", None) or ())
+                ids |= set(r.eos_token_ids or ())
                 ids |= set(sp.stop_token_ids or ())
                 banned.append(sorted(ids))
                 still.append(len(r.output_ids) < sp.min_new_tokens)

@@ -29,7 +29,7 @@ def die_with_parent() -> None:
 
 
 def configure_logging(server_args, prefix: str = "") -> None:
-    level = getattr(server_args, "log_level", "info") or "info"
+    level = server_args.log_level or "info"
     fmt = f"[%(asctime)s{(' ' + prefix) if prefix else ''}] %(message)s"
     logging.basicConfig(level=level.upper(), format=fmt, datefmt="%Y-%m-%d %H:%M:%S", force=True)
 

@@ -4,13 +4,14 @@ over loopback TCP, two real MHATokenToKVPools, metadata buffers, optional Mamba-
 from __future__ import annotations
 
 import time
-import types
 from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
-from sglang.srt.disaggregation.base import get_kv_class, kv_args_from_pools
+from sglang.srt.configs.runtime_config import DisaggConfig
+from sglang.srt.disaggregation.base import kv_args_from_pools
+from sglang.srt.disaggregation.transfer_backends import get_kv_class
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
 from sglang.srt.mem_cache.mamba_pool import MambaPool
@@ -75,9 +76,8 @@ class PDPair:
     def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None):
         self.port = get_free_port()
         self.server = KVBootstrapServer("127.0.0.1", self.port)
-        self.server_args = types.SimpleNamespace(
-            host="127.0.0.1", disaggregation_bootstrap_port=self.port, disaggregation_transfer_backend=BACKEND, tp_size=1
-        )
+        self.server_args = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=self.port, disaggregation_transfer_backend=BACKEND,
+                                        tp_size=1)
         self.bootstrap_addr = f"127.0.0.1:{self.port}"
         self.prefill = Side(DisaggregationMode.PREFILL, self.server_args, page_size, num_pages, with_state=with_state)
         self.decode = Side(

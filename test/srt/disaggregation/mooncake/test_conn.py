@@ -2,11 +2,14 @@
 bootstrap HTTP server): several concurrent requests, page sizes 1 and 16, non-contiguous pages,
 metadata rows, chunked sends, Mamba-style state slots, layout mismatch errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from pd_pair import PDPair, random_pages, wait_poll
+from sglang.srt.configs.runtime_config import DisaggConfig
 from sglang.srt.disaggregation.utils import KVPoll, kv_to_page_indices
 
 DONE = {KVPoll.Success, KVPoll.Failed}
@@ -231,8 +234,6 @@ def test_concurrent_requests_with_random_chunking():
 def test_two_prefill_dp_ranks_route_by_bootstrap_room():
     """Two prefill DP ranks behind one bootstrap server: with prefill_dp_rank=None the decode picks
     `room % dp_size` (follow_bootstrap_room), and each rank serves only its own rooms."""
-    import types
-
     from pd_pair import Side
     from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -240,10 +241,10 @@ def test_two_prefill_dp_ranks_route_by_bootstrap_room():
 
     port = get_free_port()
     server = KVBootstrapServer("127.0.0.1", port)
-    sa = types.SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1, dp_size=2)
+    sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1, dp_size=2)
     prefills = [Side(DisaggregationMode.PREFILL, sa, 1, 16, seed=10 + r, system_dp_rank=r) for r in range(2)]
-    decode = Side(DisaggregationMode.DECODE, types.SimpleNamespace(**{**vars(sa), "dp_size": 1}), 1, 16)
-    from sglang.srt.disaggregation.base import get_kv_class
+    decode = Side(DisaggregationMode.DECODE, dataclasses.replace(sa, dp_size=1), 1, 16)
+    from sglang.srt.disaggregation.transfer_backends import get_kv_class
     from sglang.srt.disaggregation.utils import KVClassType
 
     S, R = get_kv_class("mooncake_tcp", KVClassType.SENDER), get_kv_class("mooncake_tcp", KVClassType.RECEIVER)

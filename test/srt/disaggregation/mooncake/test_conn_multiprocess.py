@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pd_pair import Side, wait_poll
+from sglang.srt.configs.runtime_config import DisaggConfig
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVPoll
 
 DONE = {KVPoll.Success, KVPoll.Failed}
@@ -21,16 +22,14 @@ PAGE_SIZE = 4
 
 def _prefill_main(conn, port):
     """Child: bootstrap server + prefill manager; serves 'send' commands until told to stop."""
-    import types
-
     from pd_pair import BACKEND
-    from sglang.srt.disaggregation.base import get_kv_class
+    from sglang.srt.disaggregation.transfer_backends import get_kv_class
     from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
     from sglang.srt.disaggregation.utils import KVClassType
 
     torch.set_num_threads(1)
     server = KVBootstrapServer("127.0.0.1", port)
-    sa = types.SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend=BACKEND, tp_size=1)
+    sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend=BACKEND, tp_size=1)
     side = Side(DisaggregationMode.PREFILL, sa, PAGE_SIZE, 32, seed=7)
     sender_cls = get_kv_class(BACKEND, KVClassType.SENDER)
     conn.send("ready")
@@ -77,13 +76,11 @@ def prefill_process(monkeypatch):
 
 
 def test_cross_process_transfer_then_prefill_killed(prefill_process):
-    import types
-
     proc, conn, port = prefill_process
-    sa = types.SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1)
+    sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1)
     decode = Side(DisaggregationMode.DECODE, sa, PAGE_SIZE, 32)
     from pd_pair import BACKEND
-    from sglang.srt.disaggregation.base import get_kv_class
+    from sglang.srt.disaggregation.transfer_backends import get_kv_class
     from sglang.srt.disaggregation.utils import KVClassType
 
     receiver_cls = get_kv_class(BACKEND, KVClassType.RECEIVER)

@@ -8,12 +8,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from paged_kv_fixtures import fresh_generator
+from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -59,11 +58,11 @@ class _Engine:
             self.free_swa_pages = (torch.randperm(256 // page_size) + 1).tolist()
         self.alloc = TokenToKVPoolAllocator(512, page_size)
         self.alloc.free_pages.reverse()  # pages handed out high-to-low: slots are not in order
-        cfg = SimpleNamespace(num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM)
-        runner = SimpleNamespace(device="cpu", req_to_token_pool=self.rtt, token_to_kv_pool=self.pools["triton"], model_config=cfg)
-        self.triton = TritonAttnBackend(runner, max_kv_splits=4)
+        inputs = AttentionInputs(device="cpu", req_to_token_pool=self.rtt, token_to_kv_pool=self.pools["triton"],
+                                 num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM)
+        self.triton = TritonAttnBackend(inputs, max_kv_splits=4)
         self.triton.min_tokens_per_split = 8  # exercise the split-KV merge on short sequences
-        self.native = TorchNativeAttnBackend(SimpleNamespace(device="cpu"))
+        self.native = TorchNativeAttnBackend(AttentionInputs(device="cpu"))
         self.history = {}  # req slot -> per layer (k list, v list)
         self.lens = {}
 

@@ -37,6 +37,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import zmq
 
+from sglang.srt.configs.runtime_config import DisaggConfig
 from sglang.srt.disaggregation.base import (
     BaseKVManager,
     BaseKVReceiver,
@@ -58,10 +59,10 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
     def __init__(self, args: KVArgs, disaggregation_mode: DisaggregationMode, server_args=None, is_mla_backend: bool = False):
         self.kv_args = args
         self.disaggregation_mode = disaggregation_mode
-        self.server_args = server_args
+        self.server_args = DisaggConfig.of(server_args)  # the PD settings of the server (a record or the slice)
         self.is_mla_backend = is_mla_backend
-        self.local_ip = connect_host(getattr(server_args, "host", None))
-        force_tcp = getattr(server_args, "disaggregation_transfer_backend", None) == "mooncake_tcp"
+        self.local_ip = connect_host(self.server_args.host)
+        force_tcp = self.server_args.disaggregation_transfer_backend == "mooncake_tcp"
         self.engine = MooncakeTransferEngine(self.local_ip, args.gpu_id, args.ib_device, force_tcp=force_tcp)
         self.session_id = self.engine.get_session_id()
         self._registered_ptrs: List[int] = []

@@ -17,7 +17,7 @@ from sglang.srt.disaggregation.mooncake.messages import KVArgsRegisterInfo, pars
 from sglang.srt.disaggregation.utils import KVPoll
 
 if TYPE_CHECKING:
-    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVReceiver
+    from sglang.srt.disaggregation.base import BaseKVReceiver as MooncakeKVReceiver  # the mixin never names conn.py
 
 
 class _BootstrapHTTPError(Exception):
@@ -57,7 +57,7 @@ class DecodeManagerMixin:
             dst_aux_ptrs=list(a.aux_data_ptrs),
             dst_state_data_ptrs=[list(p) for p in a.state_data_ptrs],
             dst_tp_rank=a.engine_rank,
-            dst_attn_tp_size=int(getattr(self.server_args, "tp_size", 1) or 1),
+            dst_attn_tp_size=max(int(self.server_args.tp_size), 1),
             dst_kv_item_len=a.kv_item_lens[0] if a.kv_item_lens else 0,
             dst_state_item_lens=[list(x) for x in a.state_item_lens],
             dst_state_dim_per_tensor=[list(x) for x in a.state_dim_per_tensor],
@@ -116,7 +116,7 @@ class DecodeManagerMixin:
             page_size = info.get("page_size")
             if page_size is not None and int(page_size) != self.kv_args.page_size:
                 raise _FatalBootstrapError(f"Prefill page_size {page_size} does not match decode page_size {self.kv_args.page_size}")
-            decode_tp = int(getattr(self.server_args, "tp_size", 1) or 1)
+            decode_tp = max(int(self.server_args.tp_size), 1)
             if int(info.get("attn_tp_size", 1)) != decode_tp or int(info.get("pp_size", 1)) != 1 or int(info.get("attn_cp_size", 1)) != 1:
                 raise _FatalBootstrapError(
                     f"Unsupported prefill layout (attn_tp_size={info.get('attn_tp_size')}, pp_size={info.get('pp_size')}, "

@@ -181,21 +181,3 @@ def build_abort_message(room: int, session_id: str, reason: str) -> List[bytes]:
 
 def parse_abort_message(msg: List[bytes]) -> Tuple[int, str, str]:
     return int(msg[1]), msg[2].decode("ascii"), msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
-
-
-# A failure that the peer should answer with a given HTTP status (e.g. the prefill refused the
-# request as a client error: the decode answers 400, not 500) travels as "HTTP <status>: <text>".
-_STATUS_PREFIX = "HTTP "
-
-
-def encode_failure(message: str, status_code: int) -> str:
-    return f"{_STATUS_PREFIX}{int(status_code)}: {message}"
-
-
-def decode_failure(reason: str) -> Tuple[Optional[int], str]:
-    """(status code or None, message) of a failure reason."""
-    if reason.startswith(_STATUS_PREFIX):
-        head, _, rest = reason[len(_STATUS_PREFIX):].partition(": ")
-        if head.isdigit() and rest:
-            return int(head), rest
-    return None, reason

@@ -22,11 +22,10 @@ from sglang.srt.disaggregation.mooncake.messages import (
     REGISTRATION_ROOM,
     KVArgsRegisterInfo,
     TransferInfo,
-    encode_failure,
     build_status_message,
     parse_abort_message,
 )
-from sglang.srt.disaggregation.utils import KVPoll
+from sglang.srt.disaggregation.utils import KVPoll, encode_failure
 
 _MAX_CLOSED_ROOMS = 65536
 
@@ -62,18 +61,18 @@ class PrefillManagerMixin:
 
     def _bootstrap_endpoint(self) -> str:
         sa = self.server_args
-        host = getattr(sa, "host", None)
-        dist_init_addr = getattr(sa, "dist_init_addr", None)
-        if dist_init_addr and getattr(sa, "nnodes", 1) > 1:
+        host = sa.host
+        dist_init_addr = sa.dist_init_addr
+        if dist_init_addr and sa.nnodes > 1:
             host = dist_init_addr.rsplit(":", 1)[0]
         host = connect_host(host) if not os.environ.get("SGLANG_HOST_IP") else os.environ["SGLANG_HOST_IP"]
-        port = getattr(sa, "disaggregation_bootstrap_port", 8998)
+        port = sa.disaggregation_bootstrap_port
         return f"{self._zmq_host(host)}:{port}"
 
     def register_to_bootstrap(self) -> None:
         sa = self.server_args
-        tp_size = int(getattr(sa, "tp_size", 1) or 1)
-        dp_size = int(getattr(sa, "dp_size", 1) or 1)
+        tp_size = max(int(sa.tp_size), 1)
+        dp_size = max(int(sa.dp_size), 1)
         payload = {
             "attn_tp_size": tp_size,
             "attn_tp_rank": self.kv_args.engine_rank % tp_size,
@@ -81,7 +80,7 @@ class PrefillManagerMixin:
             "attn_cp_rank": 0,
             "attn_dp_size": 1,
             "attn_dp_rank": 0,
-            "pp_size": int(getattr(sa, "pp_size", 1) or 1),
+            "pp_size": max(int(sa.pp_size), 1),
             "pp_rank": self.kv_args.pp_rank,
             "system_dp_size": dp_size,
             "system_dp_rank": self.kv_args.system_dp_rank,
@@ -90,9 +89,10 @@ class PrefillManagerMixin:
             "page_size": self.kv_args.page_size,
             "kv_cache_dtype": self.kv_args.kv_cache_dtype_str,
             "kv_layout": self.kv_args.kv_layout,
-            "load_balance_method": getattr(sa, "load_balance_method", "follow_bootstrap_room"),
-            "decode_allocation_policy": getattr(sa, "disaggregation_decode_allocation_policy", None),
-            "prefill_http_port": getattr(sa, "port", None),
+            # "auto" resolves to follow_bootstrap_room on a prefill server (server_args_resolution)
+            "load_balance_method": "follow_bootstrap_room" if sa.load_balance_method == "auto" else sa.load_balance_method,
+            "decode_allocation_policy": sa.disaggregation_decode_allocation_policy,
+            "prefill_http_port": sa.port,
         }
         url = f"http://{self._bootstrap_endpoint()}/route"
         attempts = 5

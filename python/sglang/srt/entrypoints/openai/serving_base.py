@@ -130,11 +130,11 @@ def error_from_abort(exc: RequestAborted) -> JSONResponse:
     return create_error_response(exc.message, err_type=str(exc.status_code), status_code=exc.status_code)
 
 
-def uses_structured_output(req) -> bool:
-    fmt = getattr(req, "response_format", None)
+def uses_structured_output(request) -> bool:
+    fmt = request.response_format
     if fmt is not None and fmt.type not in ("text",):
         return True
-    return any(getattr(req, name, None) for name in ("regex", "json_schema", "ebnf", "structural_tag"))
+    return any((request.regex, request.json_schema, request.ebnf, request.structural_tag))
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -143,15 +143,12 @@ def uses_structured_output(req) -> bool:
 def build_sampling_params(req, max_new_tokens: Optional[int], defaults: Dict[str, Any]) -> Dict[str, Any]:
     """OpenAI request -> SGLang `sampling_params` (upstream's field mapping)."""
 
-    def pick(name, fallback):
-        value = getattr(req, name, None)
-        if value is not None:
-            return value
-        return defaults.get(name, fallback)
+    def pick(value, name, fallback):
+        return value if value is not None else defaults.get(name, fallback)
 
     params = {
-        "temperature": pick("temperature", 1.0),
-        "top_p": pick("top_p", 1.0),
+        "temperature": pick(req.temperature, "temperature", 1.0),
+        "top_p": pick(req.top_p, "top_p", 1.0),
         "top_k": req.top_k if req.top_k != -1 else defaults.get("top_k", -1),
         "min_p": req.min_p if req.min_p != 0.0 else defaults.get("min_p", 0.0),
         "repetition_penalty": req.repetition_penalty if req.repetition_penalty != 1.0 else defaults.get("repetition_penalty", 1.0),

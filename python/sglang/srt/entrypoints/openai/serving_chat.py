@@ -38,7 +38,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 class OpenAIServingChat(OpenAIServingBase):
     def __init__(self, ctx):
         super().__init__(ctx)
-        self._chat_template = _load_chat_template_file(getattr(ctx.server_args, "chat_template", None))
+        self._chat_template = _load_chat_template_file(ctx.server_args.chat_template)
 
     def _validate(self, request: ChatCompletionRequest) -> Optional[str]:
         if not request.messages:

@@ -6,9 +6,25 @@ A backend reads and writes the paged KV pool of `forward_batch.token_to_kv_pool`
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from typing import Any, Optional
 
 import torch
+
+
+@dataclasses.dataclass
+class AttentionInputs:
+    """What a backend is built from: the pools it reads and writes, and the attention shapes
+    (never the model runner)."""
+
+    device: str = "cpu"
+    req_to_token_pool: Any = None
+    token_to_kv_pool: Any = None
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    max_kv_splits: Optional[int] = None
 
 
 class AttentionBackend(ABC):

@@ -20,22 +20,23 @@ def register_attention_backend(name: str):
 
 
 @register_attention_backend("torch_native")
-def _create_torch_native(model_runner):
+def _create_torch_native(inputs):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    return TorchNativeAttnBackend(model_runner)
+    return TorchNativeAttnBackend(inputs)
 
 
 @register_attention_backend("triton")
-def _create_triton(model_runner):
+def _create_triton(inputs):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    return TritonAttnBackend(model_runner)
+    return TritonAttnBackend(inputs)
 
 
-def create_attention_backend(name: str, model_runner):
+def create_attention_backend(name: str, inputs):
+    """`inputs`: an `AttentionInputs` (pools and shapes)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"Invalid attention backend: {name!r}. Supported on this build: {sorted(ATTENTION_BACKENDS)}"
         )
-    return ATTENTION_BACKENDS[name](model_runner)
+    return ATTENTION_BACKENDS[name](inputs)

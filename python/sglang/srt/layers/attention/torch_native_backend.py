@@ -33,8 +33,9 @@ def _is_swa_pool_layer(pool, layer_id: int) -> bool:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, model_runner=None):
-        self.device = getattr(model_runner, "device", "cpu") if model_runner is not None else "cpu"
+    def __init__(self, inputs=None):
+        """`inputs`: an `AttentionInputs` (only its device matters here; None: CPU)."""
+        self.device = inputs.device if inputs is not None else "cpu"
         self._seq_kv_indices: List[torch.Tensor] = []
         self._forward_batch = None
         # decode: (window, translate_to_swa) -> (slot indices [B, L], valid mask [B, L], last index [B])

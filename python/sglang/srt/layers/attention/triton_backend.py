@@ -43,18 +43,15 @@ class TritonForwardMetadata:
 
 
 class TritonAttnBackend(AttentionBackend):
-    def __init__(self, model_runner, max_kv_splits: Optional[int] = None):
-        self.device = getattr(model_runner, "device", "cpu")
-        self.req_to_token = model_runner.req_to_token_pool.req_to_token
-        self.token_to_kv_pool = model_runner.token_to_kv_pool
-        cfg = model_runner.model_config
-        self.num_head = cfg.num_attention_heads
-        self.num_kv_head = cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
-        server_args = getattr(model_runner, "server_args", None)
-        self.max_kv_splits = int(
-            max_kv_splits or getattr(server_args, "triton_attention_num_kv_splits", None) or DEFAULT_MAX_KV_SPLITS
-        )
+    def __init__(self, inputs, max_kv_splits: Optional[int] = None):
+        """`inputs`: an `AttentionInputs` (the pools it reads and writes, and the shapes)."""
+        self.device = inputs.device
+        self.req_to_token = inputs.req_to_token_pool.req_to_token
+        self.token_to_kv_pool = inputs.token_to_kv_pool
+        self.num_head = inputs.num_heads
+        self.num_kv_head = inputs.num_kv_heads
+        self.head_dim = inputs.head_dim
+        self.max_kv_splits = int(max_kv_splits or inputs.max_kv_splits or DEFAULT_MAX_KV_SPLITS)
         # About one KV split per this many visible tokens of a decode request.
         self.min_tokens_per_split = 256
         self.forward_metadata: Optional[TritonForwardMetadata] = None

@@ -1,0 +1,114 @@
+"""Typed slices of `ServerArgs`: each component reads a small frozen dataclass of the settings it
+uses, built once from the resolved `ServerArgs` (`Slice.from_server_args(sa)`), instead of
+reaching into the whole record with `getattr(server_args, name, default)`.
+
+Field names and defaults are the `ServerArgs` ones, so a slice built with keywords only (tests,
+the offline tools) behaves like one built from a default `ServerArgs`. Which component reads
+which slice:
+
+  RunnerConfig   -> model_executor/model_runner.py, layers/attention backends
+  MemoryConfig   -> mem_cache/memory_manager.py (pool sizes, hybrid pools, Mamba state pool)
+  CacheConfig    -> mem_cache/registry.py (which prefix cache, and its checks)
+  DisaggConfig   -> disaggregation/ (transfer backends, bootstrap, PD queues)
+
+The scheduler reads `ServerArgs` itself (it is the one component that sees every concern).
+Importing this is cheap (no torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Type, TypeVar
+
+T = TypeVar("T")
+
+
+def _from(cls: Type[T], server_args: Any, **extra: Any) -> T:
+    """The slice `cls` of `server_args` (every field read by name: the record has them all)."""
+    values = {f.name: getattr(server_args, f.name) for f in dataclasses.fields(cls) if f.name not in extra}
+    return cls(**values, **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerConfig:
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    device: Optional[str] = None
+    attention_backend: Optional[str] = None
+    triton_attention_num_kv_splits: int = 8
+    context_length: Optional[int] = None
+
+    @classmethod
+    def from_server_args(cls, server_args: Any) -> "RunnerConfig":
+        return _from(cls, server_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    page_size: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    disable_hybrid_swa_memory: bool = False
+    swa_full_tokens_ratio: Optional[float] = None
+    disaggregation_mode: str = "null"
+    max_mamba_cache_size: Optional[int] = None
+    mamba_full_memory_ratio: Optional[float] = None
+    mamba_ssm_dtype: Optional[str] = None
+
+    @classmethod
+    def from_server_args(cls, server_args: Any) -> "MemoryConfig":
+        return _from(cls, server_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    radix_cache_backend: Optional[str] = None
+    radix_eviction_policy: str = "lru"
+    enable_hierarchical_cache: bool = False
+    hicache_host_memory_mode: str = "cache"
+    enable_session_radix_cache: bool = False
+    enable_streaming_session: bool = False
+    enable_lmcache: bool = False
+    enable_unified_cache_external_linker: bool = False
+    # Upstream-only switches that select a cache this build does not have (see server_args_compat).
+    enable_flexkv: bool = False
+
+    @classmethod
+    def from_server_args(cls, server_args: Any) -> "CacheConfig":
+        upstream: Dict[str, Any] = server_args.ignored_upstream_args
+        return _from(cls, server_args, enable_flexkv=bool(upstream.get("enable_flexkv")))
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggConfig:
+    disaggregation_mode: str = "null"
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: Optional[str] = None
+    disaggregation_decode_allocation_policy: str = "early"
+    num_reserved_decode_tokens: int = 512
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dp_size: int = 1
+    pp_size: int = 1
+    nnodes: int = 1
+    dist_init_addr: Optional[str] = None
+    load_balance_method: str = "auto"
+
+    @classmethod
+    def from_server_args(cls, server_args: Any) -> "DisaggConfig":
+        return _from(cls, server_args)
+
+    @classmethod
+    def of(cls, config_or_server_args: Any) -> "DisaggConfig":
+        """Transfer backends take upstream's `server_args` argument: a record or a slice."""
+        if isinstance(config_or_server_args, cls):
+            return config_or_server_args
+        if config_or_server_args is None:
+            return cls()
+        return cls.from_server_args(config_or_server_args)
+
+
+SLICES = (RunnerConfig, MemoryConfig, CacheConfig, DisaggConfig)

@@ -1,0 +1,207 @@
+"""A request as the scheduler process sees it: every field declared here, owned by one component.
+
+A `Req` walks: waiting -> (chunked) prefill -> running (decode) -> finished, possibly
+retracted back to waiting on memory pressure (a PD decode server keeps its KV in a backup and
+resumes it without prefill). Its KV lives in one row of the ReqToTokenPool (`req_pool_idx`);
+the first `cache_protected_len` entries of that row belong to the radix tree (locked through
+`last_node`), the rest to the request. Field owners: the scheduler (queues, outputs, logprobs),
+the memory manager and radix cache (memory state), the PD roles (transfer state), the retraction
+backup (`retraction_backup`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, List, Optional, Set
+
+import torch
+
+from sglang.srt.core.finish_reason import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_MATCHED_STR,
+    FINISH_MATCHED_TOKEN,
+    BaseFinishReason,
+)
+
+# A stop regex that can match more than this many characters is checked on the whole output.
+STOP_REGEX_FULL_DECODE = 1 << 16
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        origin_input_text: Optional[str],
+        origin_input_ids: List[int],
+        sampling_params,
+        eos_token_ids: Optional[Set[int]] = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        extra_key: Optional[str] = None,
+        priority: Optional[int] = None,
+        vocab_size: Optional[int] = None,
+        token_ids_logprob: Optional[List[int]] = None,
+    ):
+        self.rid = rid
+        self.origin_input_text = origin_input_text
+        self.origin_input_ids = list(origin_input_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = set(eos_token_ids or ())
+        self.output_ids: List[int] = []
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len
+        self.top_logprobs_num = top_logprobs_num
+        self.stream = stream
+        self.extra_key = extra_key
+        self.priority = priority
+        self.vocab_size = vocab_size
+        self.token_ids_logprob = token_ids_logprob
+        self.arrival_time = time.monotonic()
+        self.queue_time_start = self.arrival_time  # entered the waiting queue (again, after a retraction)
+        self.forward_entry_time: Optional[float] = None  # first scheduled into a batch
+
+        # Memory state (see module docstring).
+        self.req_pool_idx: Optional[int] = None
+        self.fill_ids: List[int] = []  # tokens whose KV is written once the current forward ends
+        self.prefix_indices: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self.prefix_match = None  # radix match found at admission, before it is locked
+        self.last_node = None
+        self.lock_receipt = None
+        self.cache_protected_len = 0
+        self.kv_len = 0  # tokens with KV in the pool
+        self.swa_freed_len = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
+        self.mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
+        self.extend_input_len = 0
+        self.is_chunked = 0
+
+        # Accounting reported in meta_info.
+        self.cached_tokens = 0
+        self.num_retractions = 0
+        self.finished_reason: Optional[BaseFinishReason] = None
+        self.to_abort: Optional[FINISH_ABORT] = None
+        self.sent_len = 0  # output ids already streamed out
+
+        # Logprobs collected so far (lists of (logprob, token_id)).
+        self.output_token_logprobs: List[tuple] = []
+        self.output_top_logprobs: List[list] = []
+        self.input_token_logprobs: Optional[List[tuple]] = None
+        self.input_top_logprobs: Optional[List[list]] = None
+        # With token_ids_logprob: per position, (logprobs, token ids) of the requested ids.
+        self.output_token_ids_logprobs: List[tuple] = []
+        self.input_token_ids_logprobs: Optional[List[tuple]] = None
+        self.sent_logprob_len = 0
+        self.sent_input_logprobs = False  # input logprobs go out once, with the first output
+
+        # Incremental stop-string check state.
+        self.tokenizer = None
+
+        # PD disaggregation (owned by the prefill / decode roles).
+        self.bootstrap_room: Optional[int] = None
+        self.kv_sender: Optional[Any] = None  # prefill: BaseKVSender of this request
+        self.kv_receiver: Optional[Any] = None  # decode: BaseKVReceiver of this request
+        self.metadata_idx: Optional[int] = None  # row of the metadata buffers (first token, logprobs)
+        self.sent_kv_len = 0  # prefill: tokens whose KV pages were handed to the sender
+        # Decode retraction: where the KV (and Mamba state) wait until the request resumes.
+        self.retraction_backup: Optional[Any] = None
+        # Structured output (reserved for the grammar backend: the matcher of this request).
+        self.grammar: Optional[Any] = None
+
+    @property
+    def kv_committed_len(self) -> int:
+        """KV length the radix cache releases for this request (what is in the pool now)."""
+        return self.kv_len
+
+    # --- state ---------------------------------------------------------------------------
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def all_ids(self) -> List[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.origin_input_ids)
+
+    def max_prefix_len(self) -> int:
+        """A prefix match must leave at least one token to compute (its logits pick the next token)."""
+        limit = len(self.fill_ids) - 1
+        if self.wants_input_logprobs():
+            # position start-1 must be computed: its logits score prompt token `start`
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    def reset_for_retract(self) -> None:
+        self.num_retractions += 1
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.lock_receipt = None
+        self.cache_protected_len = 0
+        self.kv_len = 0
+        self.swa_freed_len = 0
+        self.req_pool_idx = None
+        self.mamba_pool_idx = None  # freed with the KV; the re-prefill (or resume) gets a new one
+        self.is_chunked = 0
+
+    # --- finish checks -------------------------------------------------------------------
+    def check_finished(self) -> None:
+        if self.finished():
+            return
+        if self.to_abort is not None:
+            self.finished_reason = self.to_abort
+            return
+        sp = self.sampling_params
+        if len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = FINISH_LENGTH(length=sp.max_new_tokens)
+            return
+        if not self.output_ids:
+            return
+        last = self.output_ids[-1]
+        if len(self.output_ids) > sp.min_new_tokens:
+            stop_ids = set(sp.stop_token_ids or ())
+            if not sp.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            if last in stop_ids:
+                self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
+                return
+            if (sp.stop_strs or sp.stop_regex_strs) and self.tokenizer is not None:
+                if self._check_str_based_finish():
+                    return
+        if self.vocab_size is not None and not (0 <= last < self.vocab_size):
+            self.finished_reason = FINISH_ABORT("Sampled token id out of the vocabulary.", 500)
+
+    def _check_str_based_finish(self) -> bool:
+        """Stop strings, then stop regexes, on the decoded tail of the output (upstream: the tail
+        long enough for the longest of them; `matched` is the stop string, or the regex pattern)."""
+        sp = self.sampling_params
+        if sp.stop_strs:
+            tail = self.tokenizer.decode(self.output_ids[-(sp.stop_str_max_len + 1):])
+            for stop in sp.stop_strs:
+                if stop and stop in tail:
+                    self.finished_reason = FINISH_MATCHED_STR(matched=stop)
+                    return True
+        if sp.stop_regex_strs:
+            n = len(self.output_ids) if sp.stop_regex_max_len >= STOP_REGEX_FULL_DECODE else sp.stop_regex_max_len + 1
+            tail = self.tokenizer.decode(self.output_ids[-n:])
+            for pattern in sp.stop_regex_strs:
+                if re.search(pattern, tail):
+                    self.finished_reason = FINISH_MATCHED_STR(matched=pattern)
+                    return True
+        return False
+
+    def meta_info_base(self) -> dict:
+        return {
+            "prompt_tokens": len(self.origin_input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "num_retractions": self.num_retractions,
+        }
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, input_len={len(self.origin_input_ids)}, output_len={len(self.output_ids)})"

@@ -1,0 +1,347 @@
+"""(Scheduler process.) The memory of one scheduler, owned in one place.
+
+`MemoryManager` builds and owns the request-to-token pool, the KV pool and its allocator (one
+MHA pool, or the hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree
+over them and the decode retraction backups (host pool), sized from the model config and the
+`MemoryConfig` slice. The rest of the server uses a few operations:
+
+  reserve(reqs, prefix_lens, seq_lens)  request rows, Mamba slots and KV slots for tokens
+                                        [prefix_len, seq_len) of each request, in one go, with
+                                        eviction from the tree when short and a full rollback
+                                        of what this call took when it still fails
+  reserve_decode(reqs)                  one KV slot each for the next token
+  release(req, insert)                  a request's KV into the radix tree (or back to the pool)
+  cache_unfinished(req)                 a running request's prompt KV into the tree (shared)
+  backup_for_retraction / restore       a retracted PD decode request's KV (and Mamba state)
+  stats()                               accounting for /server_info and /metrics
+
+The model runner receives the pools (`ModelRunner.attach_memory`) and attention backends see
+pools and shapes, never the runner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang.srt.configs.runtime_config import MemoryConfig
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
+
+logger = logging.getLogger(__name__)
+
+GB = 1 << 30
+CPU_DEFAULT_MEM_FRACTION = 0.8  # matches ServerArgs' CPU default (fraction of available host memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaLayout:
+    """What a hybrid SSM model needs of the state pool (the model runner reads it off the model)."""
+
+    layer_ids: Tuple[int, ...]
+    conv_shape: Tuple[int, ...]
+    ssm_shape: Tuple[int, ...]
+    hf_config: Any = None  # the checkpoint's config (its mamba_ssm_cache_dtype, if any)
+
+
+def available_memory_bytes(device: str) -> int:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+class MemoryManager:
+    def __init__(self, model_config, config: MemoryConfig, *, kv_dtype: torch.dtype, model_dtype: torch.dtype,
+                 device: str = "cpu", mamba_layout: Optional[MambaLayout] = None):
+        self.model_config = model_config
+        self.config = config
+        self.device = device
+        self.kv_dtype = kv_dtype
+        self.page_size = int(config.page_size or 1)
+        self._build_kv_pools()
+        self.mamba_pool = self._build_mamba_pool(mamba_layout, model_dtype) if mamba_layout else None
+        if self.mamba_pool is not None and self.max_running_requests > self.mamba_pool.size:
+            self.max_running_requests = self.mamba_pool.size  # a running request holds a state slot
+        self.tree_cache = None  # attach_tree_cache
+        self.retraction_store = None  # attach_retraction_store (PD decode servers)
+        self.init_free_kv = self.allocator.available_size()
+
+    # --- sizing ------------------------------------------------------------------------------
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.model_config
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
+        return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
+
+    def _profile_max_num_token(self) -> int:
+        frac = self.config.mem_fraction_static
+        budget = (CPU_DEFAULT_MEM_FRACTION if frac is None else float(frac)) * available_memory_bytes(self.device)
+        if not self.device.startswith("cuda"):
+            # Host RAM is shared with everything else on the machine (and with the other PD role):
+            # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
+            budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * GB)
+        return int(budget // self.kv_bytes_per_token())
+
+    def _build_kv_pools(self) -> None:
+        cfg, c = self.model_config, self.config
+        tokens = int(c.max_total_tokens) if c.max_total_tokens is not None else self._profile_max_num_token()
+        tokens = tokens // self.page_size * self.page_size
+        if tokens <= 0:
+            raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
+        self.max_total_num_tokens = tokens
+        mrr = c.max_running_requests
+        if mrr is None:
+            mrr = min(max(int(tokens / cfg.context_len * 512), 2048), 4096)
+        self.max_running_requests = max(1, min(int(mrr), tokens))
+        self.req_to_token_pool = ReqToTokenPool(size=self.max_running_requests, max_context_len=cfg.context_len + 4,
+                                                device=self.device)
+        # PD transfer and retraction backups move a single MHA pool: PD roles keep one.
+        self.is_hybrid_swa = bool(cfg.is_hybrid_swa and cfg.full_attention_layer_ids
+                                  and not c.disable_hybrid_swa_memory and c.disaggregation_mode == "null")
+        kw = dict(page_size=self.page_size, dtype=self.kv_dtype, head_num=cfg.num_key_value_heads,
+                  head_dim=cfg.head_dim, device=self.device)
+        if self.is_hybrid_swa:
+            ratio = 0.8 if c.swa_full_tokens_ratio is None else float(c.swa_full_tokens_ratio)
+            self.swa_max_total_num_tokens = swa_pool_size(tokens, ratio, self.page_size)
+            self.token_to_kv_pool = SWAKVPool(size=tokens, size_swa=self.swa_max_total_num_tokens,
+                                              swa_layer_ids=cfg.swa_layer_ids,
+                                              full_layer_ids=cfg.full_attention_layer_ids, **kw)
+            self.allocator = SWATokenToKVPoolAllocator(tokens, self.swa_max_total_num_tokens, self.page_size,
+                                                       kvcache=self.token_to_kv_pool, device=self.device)
+            pools = [("full", tokens, self.token_to_kv_pool.full_kv_pool),
+                     ("swa", self.swa_max_total_num_tokens, self.token_to_kv_pool.swa_kv_pool)]
+        else:
+            self.swa_max_total_num_tokens = None
+            self.token_to_kv_pool = MHATokenToKVPool(size=tokens, layer_ids=cfg.attention_layer_ids, **kw)
+            self.allocator = TokenToKVPoolAllocator(tokens, self.page_size, kvcache=self.token_to_kv_pool,
+                                                    device=self.device)
+            pools = [(None, tokens, self.token_to_kv_pool)]
+        for kind, n, pool in pools:
+            kv_bytes = pool.get_kv_size_bytes()
+            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
+            prefix = "" if kind is None else f"[{kind}] "
+            logger.info(f"{prefix}KV Cache is allocated. #tokens: {n}, K size: {k_bytes / GB:.2f} GB, "
+                        f"V size: {(kv_bytes - k_bytes) / GB:.2f} GB")
+        logger.info(f"Memory pool end. #tokens in KV pool: {tokens}, max_running_requests={self.max_running_requests}, "
+                    f"context_len={cfg.context_len}, page_size={self.page_size}, "
+                    f"avail mem={available_memory_bytes(self.device) / GB:.2f} GB")
+
+    def _build_mamba_pool(self, layout: MambaLayout, model_dtype: torch.dtype):
+        from sglang.srt.mem_cache.mamba_pool import (
+            DEFAULT_MAX_MAMBA_CACHE_SIZE,
+            MambaPool,
+            mamba_cache_size,
+            resolve_mamba_ssm_dtype,
+        )
+
+        c = self.config
+        ssm_dtype = resolve_mamba_ssm_dtype(c.mamba_ssm_dtype, layout.hf_config, model_dtype)
+        per_slot = MambaPool.bytes_per_slot_for(len(layout.layer_ids), layout.conv_shape, layout.ssm_shape,
+                                                model_dtype, ssm_dtype)
+        # A slot per running request unless the user sets the size; the radix cache's MAMBA
+        # component keeps prefix states in the slots requests leave free and evicts them when a
+        # request needs one. Without --max-running-requests upstream takes 512 slots.
+        mrr = c.max_running_requests
+        size = mamba_cache_size(
+            c.max_mamba_cache_size,
+            mrr if mrr is not None else min(DEFAULT_MAX_MAMBA_CACHE_SIZE, self.max_running_requests),
+            state_prefix_caching=False,
+            memory_budget_bytes=self.max_total_num_tokens * self.kv_bytes_per_token(),
+            bytes_per_slot=per_slot,
+            mamba_full_memory_ratio=c.mamba_full_memory_ratio,
+        )
+        if size <= 0:
+            raise RuntimeError("Not enough memory for the Mamba state pool. Please set --max-mamba-cache-size.")
+        pool = MambaPool(size, len(layout.layer_ids), layout.conv_shape, layout.ssm_shape, model_dtype, ssm_dtype,
+                         device=self.device)
+        logger.info(f"Mamba Cache is allocated. max_mamba_cache_size: {size}, conv_state size: "
+                    f"{pool.conv_state.nbytes / GB:.2f}GB, ssm_state size: {pool.ssm_state.nbytes / GB:.2f}GB")
+        return pool
+
+    # --- what is built on top of the pools ---------------------------------------------------
+    def attach_tree_cache(self, tree_cache) -> None:
+        self.tree_cache = tree_cache
+
+    def attach_retraction_store(self, store) -> None:
+        self.retraction_store = store
+
+    # --- operations ----------------------------------------------------------------------------
+    def _evict(self, num_tokens: int) -> None:
+        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+        # Hybrid-SWA pools: each new token also needs an SWA slot, so free as many of those.
+        self.tree_cache.evict(EvictParams(num_tokens=num_tokens, swa_num_tokens=num_tokens))
+
+    def _alloc_kv(self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_locs: Sequence[int]):
+        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        if out is None and self.tree_cache is not None:
+            need = sum(s - p for s, p in zip(seq_lens, prefix_lens)) + self.page_size * len(seq_lens)
+            self._evict(need)
+            out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        return out
+
+    def _last_loc(self, req, prefix_len: int) -> int:
+        if prefix_len == 0:
+            return 0
+        return int(self.req_to_token_pool.req_to_token[req.req_pool_idx, prefix_len - 1])
+
+    def reserve(self, reqs: Sequence[Any], prefix_lens: Sequence[int], seq_lens: Sequence[int],
+                init_mamba_state: bool = True) -> Optional[torch.Tensor]:
+        """The one reservation routine (prefill batches, PD pre-allocation, retraction resume).
+
+        Requests without a row get one (with `req.prefix_indices` written into it) and, on a
+        hybrid SSM model, a Mamba slot (its state copied from the matched prefix, or zeroed, when
+        `init_mamba_state`; a PD transfer or a restore fills it otherwise); then one KV
+        allocation covers every request's new tokens, evicting unlocked tree nodes when short.
+        Sets `req.kv_len = seq_len`. Returns the new tokens' slots, concatenated; None when
+        memory does not suffice, with everything this call took given back."""
+        taken_rows, taken_slots = [], []
+
+        def rollback() -> None:
+            for req in taken_slots:
+                self.tree_cache.free_req_mamba_slot(req)
+            for req in taken_rows:
+                self.req_to_token_pool.free(req.req_pool_idx)
+                req.req_pool_idx = None
+
+        for req in reqs:
+            if req.req_pool_idx is None:
+                rows = self.req_to_token_pool.alloc(1)
+                if rows is None:
+                    rollback()
+                    return None
+                req.req_pool_idx = rows[0]
+                taken_rows.append(req)
+                if len(req.prefix_indices):
+                    self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+            if self.mamba_pool is not None and req.mamba_pool_idx is None:
+                slot = self.tree_cache.alloc_mamba_slot()  # evicts a tree state when none is free
+                if slot is None:
+                    rollback()
+                    return None
+                req.mamba_pool_idx = slot
+                taken_slots.append(req)
+                if init_mamba_state:
+                    self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
+        out = self._alloc_kv(prefix_lens, seq_lens, [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens)])
+        if out is None:
+            rollback()
+            return None
+        offset = 0
+        for req, p, s in zip(reqs, prefix_lens, seq_lens):
+            self.req_to_token_pool.write(req.req_pool_idx, p, out[offset : offset + s - p])
+            offset += s - p
+            req.kv_len = s
+        return out
+
+    def new_pages_for_decode(self, reqs: Sequence[Any]) -> int:
+        return sum(1 for r in reqs if r.kv_len % self.page_size == 0) * self.page_size
+
+    def decode_fits(self, reqs: Sequence[Any]) -> bool:
+        """Whether the next token of every request fits (evicting unlocked tree nodes if needed)."""
+        need = self.new_pages_for_decode(reqs)
+        if self.allocator.available_size() >= need:
+            return True
+        if self.tree_cache is not None:
+            self._evict(need)
+        return self.allocator.available_size() >= need
+
+    def reserve_decode(self, reqs: Sequence[Any]) -> Optional[torch.Tensor]:
+        """One KV slot per request for its next token (`decode_fits` was checked)."""
+        return self.reserve(reqs, [r.kv_len for r in reqs], [r.kv_len + 1 for r in reqs], init_mamba_state=False)
+
+    def release(self, req, insert: bool = False) -> None:
+        """Gives back a request's memory: its KV into the radix tree (`insert`: finished requests
+        whose KV is complete) or to the pool, its row, its Mamba slot and its prefix lock."""
+        if req.req_pool_idx is None:  # admitted (prefix locked) but never allocated
+            if req.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
+            req.last_node, req.lock_receipt = None, None
+            if req.mamba_pool_idx is not None:
+                self.tree_cache.free_req_mamba_slot(req)
+            return
+        self.tree_cache.cache_finished_req(req, is_insert=insert)
+        req.req_pool_idx = None
+
+    def cache_unfinished(self, req, chunked: bool = False) -> None:
+        """A request that keeps running shares its prompt's KV through the radix tree."""
+        self.tree_cache.cache_unfinished_req(req, chunked=chunked)
+
+    def free_swa_out_of_window(self, req, window: int) -> None:
+        """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to
+        (only the request's own pages, past cache_protected_len; the tree keeps its own)."""
+        end = (req.kv_len - window) // self.page_size * self.page_size
+        start = max(req.swa_freed_len, req.cache_protected_len)
+        if end > start:
+            self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].clone())
+            req.swa_freed_len = end
+
+    # --- retraction backups (PD decode) --------------------------------------------------------
+    def backup_for_retraction(self, req) -> Optional[Any]:
+        """Copies a running request's KV (and Mamba state) into the retraction store; None when
+        the store cannot keep it. The caller then releases the request's memory."""
+        indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
+        return self.retraction_store.backup(indices, req.mamba_pool_idx)
+
+    def restore(self, req) -> bool:
+        """Reserves fresh slots for a retracted request and copies its backup into them (no
+        recomputation). False: memory does not suffice yet (nothing was taken)."""
+        backup = req.retraction_backup
+        n = backup.kv_len
+        slots = self.reserve([req], [0], [n], init_mamba_state=False)
+        if slots is None:
+            return False
+        self.retraction_store.restore(backup, slots, req.mamba_pool_idx)
+        req.retraction_backup = None
+        return True
+
+    def discard_backup(self, req) -> None:
+        if req.retraction_backup is not None:
+            self.retraction_store.discard(req.retraction_backup)
+            req.retraction_backup = None
+
+    # --- accounting -------------------------------------------------------------------------------
+    def flush(self) -> None:
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        if self.mamba_pool is not None:
+            self.mamba_pool.clear()
+
+    def stats(self) -> Dict[str, Any]:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        mamba = self.mamba_pool
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "available_kv_tokens": self.allocator.available_size(),
+            "evictable_kv_tokens": self.tree_cache.evictable_size(),
+            "protected_kv_tokens": self.tree_cache.protected_size(),
+            "available_req_slots": self.req_to_token_pool.available_size(),
+            "req_pool_size": self.req_to_token_pool.size,
+            "available_mamba_slots": mamba.available_size() if mamba is not None else None,
+            "mamba_pool_size": mamba.size if mamba is not None else None,
+            "evictable_mamba_slots": (self.tree_cache.component_evictable_size(ComponentType.MAMBA)
+                                      if mamba is not None else None),
+            "retraction_backup": self.retraction_store.stats() if self.retraction_store else None,
+        }
+
+    def token_usage(self) -> Tuple[int, float]:
+        used = self.max_total_num_tokens - (self.allocator.available_size() + self.tree_cache.evictable_size())
+        return used, used / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
+
+
+def mamba_layout_of(model, hf_config) -> Optional[MambaLayout]:
+    """The state-pool layout of a loaded model with Mamba2 layers (None for other models)."""
+    layer_ids = tuple(getattr(model, "mamba_layer_ids", None) or ())
+    if not layer_ids:
+        return None
+    conv_shape, ssm_shape = model.mamba_state_shapes()
+    return MambaLayout(layer_ids, tuple(conv_shape), tuple(ssm_shape), hf_config)

@@ -1,0 +1,74 @@
+"""`python -m sglang.check_layering`: the package's layering holds, and the checker does catch a cycle
+and an upward arrow (on a throw-away package tree). Plus the two source rules of issue 14: no
+`getattr(req, ...)` and no `getattr(server_args, name, default)` outside ServerArgs itself."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+from sglang import check_layering
+
+SRC = pathlib.Path(check_layering.__file__).resolve().parent
+
+
+def test_package_layering_is_clean():
+    out = subprocess.run([sys.executable, "-m", "sglang.check_layering"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("layering OK:")
+
+
+def _write(root: pathlib.Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for parent in [path.parent, *path.parent.parents]:
+        if parent == root.parent:
+            break
+        (parent / "__init__.py").touch()
+    path.write_text(text)
+
+
+def test_checker_finds_cycles_and_upward_imports(tmp_path):
+    root = tmp_path / "sglang"
+    _write(root, "srt/managers/scheduler.py", "from sglang.srt.disaggregation import decode\n")
+    _write(root, "srt/disaggregation/decode.py", "def f():\n    from sglang.srt.managers import scheduler  # lazy: still an arrow\n")
+    _write(root, "srt/mem_cache/pool.py", "import sglang.srt.entrypoints.http\n")
+    _write(root, "srt/entrypoints/http.py", "")
+    _write(root, "srt/models/m.py", "from ..managers.scheduler import X\n")
+    graph = check_layering.import_graph(check_layering.module_files(root))
+    cycles = check_layering.find_cycles(graph)
+    assert cycles == [["sglang.srt.disaggregation.decode", "sglang.srt.managers.scheduler"]]
+    upward = check_layering.upward_imports(graph)
+    assert ("sglang.srt.disaggregation.decode", "sglang.srt.managers.scheduler") in upward
+    assert ("sglang.srt.mem_cache.pool", "sglang.srt.entrypoints.http") in upward
+    assert ("sglang.srt.models.m", "sglang.srt.managers.scheduler") in upward
+
+
+SERVER_ARGS_NAMES = {"server_args", "sa", "args"}
+SERVER_ARGS_HOME = {"server_args.py", "server_args_fields.py", "server_args_cli.py", "server_args_compat.py",
+                    "server_args_resolution.py", "server_args_upstream_flags.py", "check_server_args.py"}
+
+
+def _receiver_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def test_no_defensive_getattr_on_requests_or_server_args():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if "/test/" in str(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"):
+                continue
+            receiver = _receiver_name(node.args[0]) if node.args else ""
+            where = f"{path.relative_to(SRC)}:{node.lineno}"
+            if receiver in ("req", "r"):
+                bad.append(f"{where} getattr({receiver}, ...)")
+            elif receiver in SERVER_ARGS_NAMES and len(node.args) == 3 and path.name not in SERVER_ARGS_HOME:
+                bad.append(f"{where} getattr({receiver}, name, default)")
+    assert not bad, "declared fields are read directly:\n" + "\n".join(bad)
