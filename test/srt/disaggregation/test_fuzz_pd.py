@@ -42,7 +42,7 @@ def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False):
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / f"{name}_router.log")))
         if with_mini_lb:
-            lb = subprocess.Popen([sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", "127.0.0.1",
+            lb = subprocess.Popen([sys.executable, "-m", "sglang.srt.router.mini_lb", "--host", "127.0.0.1",
                                    "--port", str(ports["lb"]), "--prefill", url(ports["prefill"]),
                                    "--decode", url(ports["decode"]), "--prefill-bootstrap-ports", str(ports["boot"])],
                                   stdout=open(logs / f"{name}_lb.log", "wb"), stderr=subprocess.STDOUT)

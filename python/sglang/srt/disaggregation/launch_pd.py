@@ -7,7 +7,7 @@ plus the user's common flags, where a decode-only flag (`--disaggregation-decode
 `--num-reserved-decode-tokens`) never reaches the prefill server. Each role's flag set goes
 through `sglang.check_server_args` first, so a wrong combination fails in a second, before any
 weights load. The router is the real `sglang-router` when installed (`--router rust|mini-lb`),
-else the in-tree `sglang.srt.disaggregation.mini_lb`.
+else the in-tree `sglang.srt.router.mini_lb`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def router_cmd(args) -> List[str]:
                "--log-level", args.router_log_level, "--health-check-interval-secs", "5",
                "--cb-timeout-duration-secs", "15"]
         return cmd + (["--mini-lb"] if args.router == "mini-lb" else [])
-    return [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", args.host, "--port", str(args.port),
+    return [sys.executable, "-m", "sglang.srt.router.mini_lb", "--host", args.host, "--port", str(args.port),
             "--prefill", prefill, "--decode", decode, "--prefill-bootstrap-ports", str(args.bootstrap_port)]
 
 
@@ -126,7 +126,7 @@ def parse_args(argv: Sequence[str]):
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=["mooncake", "mooncake_tcp"])
     p.add_argument("--decode-retraction-backup", default="host_pool", choices=["cpu_tensor", "host_pool", "none"])
     p.add_argument("--router", default="rust", choices=["rust", "mini-lb", "in-tree"],
-                   help="rust/mini-lb: the sglang-router package; in-tree: sglang.srt.disaggregation.mini_lb")
+                   help="rust/mini-lb: the sglang-router package; in-tree: sglang.srt.router.mini_lb")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--max-restarts", type=int, default=3,
                    help="restarts of one member within 10 minutes before the deployment shuts down (0: never restart)")

@@ -1,4 +1,5 @@
-"""The in-tree PD load balancer (`python -m sglang.srt.disaggregation.mini_lb`) in front of our real
+"""The in-tree PD load balancer (`sglang.srt.router.mini_lb`, started by upstream's module path
+`python -m sglang.srt.disaggregation.mini_lb`) in front of our real
 prefill and decode servers (Mooncake over TCP on loopback): every route it serves must give what a
 single plain server gives, and a dead backend must give an error status at once, not a hang."""
 
@@ -13,7 +14,7 @@ import time
 import pytest
 import requests
 
-from sglang.srt.disaggregation.mini_lb import build_prefill_configs, get_request_batch_size, inject_bootstrap
+from sglang.srt.router.mini_lb import build_prefill_configs, get_request_batch_size, inject_bootstrap
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, stop_server
 from sglang.test.server_utils import popen_launch_server, wait_for_health
 from sglang.test.tiny_models import make_tiny_model
