@@ -28,6 +28,7 @@ from typing import Dict, List
 import psutil
 import requests
 
+from sglang.test.fuzz import runner
 from sglang.test.fuzz.cases import CaseGenerator, FuzzTarget
 from sglang.test.fuzz.runner import pool_violations, send_case, wait_idle
 
@@ -67,12 +68,17 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--behind-router", action="store_true", help="sglang-router in front (its request rules)")
     p.add_argument("--report-every", type=float, default=30)
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="cap the fuzzer's near-context prompts (default: up to the context limit)")
+    p.add_argument("--timeout", type=float, default=runner.REQUEST_TIMEOUT_S,
+                   help="seconds a client waits for an answer before it counts as none")
     args = p.parse_args()
+    runner.REQUEST_TIMEOUT_S = args.timeout
     servers = args.servers or [args.url]
     info = requests.get(servers[-1] + "/server_info", timeout=30).json()
     target = FuzzTarget(url=args.url, vocab_size=info["vocab_size"], context_len=info["context_len"],
                         behind_sglang_router=args.behind_router, tokenize_routes=not args.behind_router,
-                        abort_urls=[servers[-1]], pd=len(servers) > 1)
+                        abort_urls=[servers[-1]], pd=len(servers) > 1, max_prompt_tokens=args.max_prompt_tokens)
     gen = CaseGenerator(target, args.seed)
     pids = server_pids(servers)
     rss0 = {u: tree_rss_mb(pid) for u, pid in pids.items()}

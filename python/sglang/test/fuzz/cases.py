@@ -38,6 +38,9 @@ class FuzzTarget:
     tokenize_routes: bool = True  # /v1/tokenize, /v1/detokenize (load balancers do not forward them)
     abort_urls: List[str] = dataclasses.field(default_factory=list)  # where /abort_request goes
     pd: bool = False
+    # Caps the "near the context limit" prompts (soaks on slow machines: an 8k-token prefill on two
+    # shared cores takes ~40 s); None: up to the context limit.
+    max_prompt_tokens: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -191,7 +194,8 @@ class CaseGenerator:
 
     def _long_or_short_ids(self) -> List[int]:
         if self.rng.random() < 0.05:  # near the context limit (room left for the output budget)
-            return self._ids(self.t.context_len - 170 - self.rng.randint(0, 8))
+            n = self.t.context_len - 170 - self.rng.randint(0, 8)
+            return self._ids(n if self.t.max_prompt_tokens is None else min(n, self.t.max_prompt_tokens))
         return self._ids()
 
     def _openai_sampling(self, case: FuzzCase, chat: bool) -> dict:
