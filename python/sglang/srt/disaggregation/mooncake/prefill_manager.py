@@ -203,17 +203,23 @@ class PrefillManagerMixin:
         work when its lane queues are full under concurrency ("TCP lane queue-full rejection"),
         which is backpressure, not a dead peer (the writes are idempotent). Retries are bounded in
         number (`SGLANG_DISAGGREGATION_TRANSFER_RETRIES`) and time (`..._TRANSFER_RETRY_BUDGET_S`):
-        a peer that refuses the write itself fails within that budget."""
+        a peer that refuses the write itself fails within that budget. A refused call itself can
+        take 1-2 s (Mooncake's own retries), so no attempt starts unless twice the slowest refusal
+        so far still fits in the budget: the decode side, waiting
+        `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`, hears of the failure before it gives up on its own."""
         n = self.max_transfer_blocks
         work = [(srcs[i : i + n], dsts[i : i + n], lens[i : i + n]) for i in range(0, len(srcs), n)]
-        failures, deadline = 0, time.monotonic() + self.transfer_retry_budget_s
+        failures, slowest, deadline = 0, 0.0, time.monotonic() + self.transfer_retry_budget_s
         while work:
             s, d, l = work.pop(0)
+            started = time.monotonic()
             ret = self.engine.batch_transfer_sync(session_id, s, d, l)
             if ret >= 0:
                 continue
             failures += 1
-            if failures > self.transfer_retries or time.monotonic() >= deadline:
+            now = time.monotonic()
+            slowest = max(slowest, now - started)
+            if failures > self.transfer_retries or now + 2 * slowest >= deadline:
                 return ret
             time.sleep(min(0.005 * (2 ** failures), 0.25))
             h = len(s) // 2
