@@ -1,0 +1,11 @@
+// The kernels compiled for the avx2 instruction set; ops.cpp calls them only on CPUs that have it.
+#include "kernels.h"
+#pragma GCC target("avx2,fma,f16c,bmi2")
+
+namespace sglk {
+namespace avx2 {
+#define SGLK_VEC_BYTES 32  // the vector width the kernels are written for
+constexpr int kVecBytes = SGLK_VEC_BYTES;
+#include "kernels_impl.h"
+}  // namespace avx2
+}  // namespace sglk

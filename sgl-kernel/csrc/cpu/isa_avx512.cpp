@@ -1,0 +1,11 @@
+// The kernels compiled for the avx512 instruction set; ops.cpp calls them only on CPUs that have it.
+#include "kernels.h"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2,prefer-vector-width=512")
+
+namespace sglk {
+namespace avx512 {
+#define SGLK_VEC_BYTES 64  // the vector width the kernels are written for
+constexpr int kVecBytes = SGLK_VEC_BYTES;
+#include "kernels_impl.h"
+}  // namespace avx512
+}  // namespace sglk

@@ -1,0 +1,11 @@
+// The kernels compiled for the generic instruction set; ops.cpp calls them only on CPUs that have it.
+#include "kernels.h"
+
+
+namespace sglk {
+namespace generic {
+#define SGLK_VEC_BYTES 16  // the vector width the kernels are written for
+constexpr int kVecBytes = SGLK_VEC_BYTES;
+#include "kernels_impl.h"
+}  // namespace generic
+}  // namespace sglk

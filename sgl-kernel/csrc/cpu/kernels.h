@@ -1,0 +1,89 @@
+// Raw-pointer CPU kernels, compiled once per instruction set (isa_*.cpp) and picked at run time
+// by ops.cpp. Nothing here includes torch: each ISA translation unit is compiled under its own
+// `#pragma GCC target`, and sharing inline torch/std code between them could let the linker keep
+// an AVX-512 copy of a function that AVX2 code calls.
+//
+// Threading is the caller's (ops.cpp splits work with at::parallel_for, torch's intra-op pool);
+// every kernel takes the [begin, end) slice of its outermost loop that one thread owns.
+#pragma once
+#include <cstdint>
+
+namespace sglk {
+
+using bf16_t = uint16_t;
+
+enum class DType : int { F32 = 0, BF16 = 1 };
+enum class WType : int { F32 = 0, BF16 = 1, I8 = 2 };
+
+struct LinearArgs {
+    const float* x;      // [M, K] fp32 activations (row stride ldx)
+    int64_t M, K, ldx;
+    const void* w;       // [N, K] weights, row stride ldw, of type wtype
+    int64_t ldw;
+    WType wtype;
+    const float* w_scale;  // [N] per-row dequant scales (I8 only)
+    const float* bias;     // [N] or nullptr
+    void* y;             // [M, N] output of type ytype (row stride ldy)
+    int64_t ldy;
+    DType ytype;
+};
+
+struct NormArgs {
+    const void* x;           // [rows, H] (row stride ldx)
+    const void* residual;    // [rows, H] or nullptr (row stride ldr)
+    const void* weight;      // [H]
+    void* out;               // [rows, H] contiguous
+    void* residual_out;      // [rows, H] contiguous, or nullptr (= x + residual)
+    int64_t H, ldx, ldr;
+    float eps;
+    DType dtype;
+};
+
+struct RopeArgs {
+    const void* q;           // [T, hq, head] (row stride ldq)
+    const void* k;           // [T, hk, head] (row stride ldk)
+    void* q_out;             // [T, hq, head] contiguous
+    void* k_out;             // [T, hk, head] contiguous
+    int64_t hq, hk, head, rotary_dim, ldq, ldk;
+    const int64_t* positions;  // [T]
+    const float* cos;        // [max_pos, rotary_dim] (HF layout: cat(freqs, freqs))
+    const float* sin;
+    DType dtype;
+};
+
+struct DecodeAttnArgs {
+    const void* q;           // [B, hq, d] (row stride ldq per request)
+    const void* k_cache;     // [S, hk, d]
+    const void* v_cache;     // [S, hk, dv]
+    void* out;               // [B, hq, dv] contiguous
+    float* partial;          // [B, hq, n_split, dv + 2] scratch: (m, l, acc[dv])
+    const int64_t* req_to_token;  // [R, ld_r2t] (int64) or nullptr
+    const int32_t* req_to_token32;  // [R, ld_r2t] (int32) or nullptr
+    int64_t ld_r2t;
+    const int64_t* req_pool_indices;  // [B]
+    const int64_t* seq_lens;          // [B]
+    const int64_t* slot_map;  // full -> SWA slot translation, or nullptr
+    int64_t B, hq, hk, d, dv, ldq, n_split, split_len;
+    int64_t window;          // > 0: only keys with position > seq_len - 1 - window
+    float scale, logit_cap;
+    DType dtype;
+};
+
+#define SGLK_DECLARE_KERNELS(ns)                                                          \
+    namespace ns {                                                                        \
+    void linear(const LinearArgs& a, int64_t n_begin, int64_t n_end);                     \
+    void rmsnorm(const NormArgs& a, int64_t row_begin, int64_t row_end);                  \
+    void silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt,         \
+                      int64_t row_begin, int64_t row_end);                                \
+    void rope(const RopeArgs& a, int64_t t_begin, int64_t t_end);                         \
+    void decode_attention_split(const DecodeAttnArgs& a, int64_t task_begin,              \
+                                int64_t task_end);                                        \
+    void decode_attention_combine(const DecodeAttnArgs& a, int64_t row_begin,             \
+                                  int64_t row_end);                                       \
+    }
+
+SGLK_DECLARE_KERNELS(generic)
+SGLK_DECLARE_KERNELS(avx2)
+SGLK_DECLARE_KERNELS(avx512)
+
+}  // namespace sglk

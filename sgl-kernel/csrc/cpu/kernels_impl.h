@@ -1,0 +1,432 @@
+// The kernels' bodies, included once per ISA by isa_*.cpp under `namespace sglk::<isa>` with
+// `kVecBytes` set to that ISA's vector width (16 generic, 32 AVX2, 64 AVX-512). Written with GCC
+// vector extensions, so one source gives SSE2, AVX2/FMA and AVX-512 code per translation unit and
+// accumulators stay in registers. No std:: or torch code here (see kernels.h).
+//
+// Numerics: fp32 accumulation everywhere. For bf16 tensors, every step torch rounds to bf16 is
+// rounded here too (the add of the residual, the normalised value before the weight, silu before
+// the product, each rope product), so results match the torch reference to bf16 rounding of the
+// same fp32 values, not just "to a tolerance".
+
+namespace {
+
+constexpr int VL = kVecBytes / 4;  // fp32 lanes
+typedef float vf __attribute__((vector_size(kVecBytes), aligned(4), may_alias));
+typedef int32_t vi __attribute__((vector_size(kVecBytes), aligned(4), may_alias));
+typedef uint32_t vu __attribute__((vector_size(kVecBytes), aligned(4), may_alias));
+typedef uint16_t vh __attribute__((vector_size(kVecBytes / 2), aligned(2), may_alias));
+typedef int8_t vb __attribute__((vector_size(kVecBytes / 4), aligned(1), may_alias));
+
+inline vf splat(float c) { return vf{} + c; }
+
+// ---- scalar conversions ---------------------------------------------------------------------------
+inline float bf2f(bf16_t b) {
+    uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+inline bf16_t f2bf(float f) {  // round to nearest even; NaN -> canonical quiet NaN (as c10)
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return static_cast<bf16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
+template <typename T> inline float ld(const T* p, int64_t i);
+template <> inline float ld<float>(const float* p, int64_t i) { return p[i]; }
+template <> inline float ld<bf16_t>(const bf16_t* p, int64_t i) { return bf2f(p[i]); }
+template <> inline float ld<int8_t>(const int8_t* p, int64_t i) { return static_cast<float>(p[i]); }
+
+template <typename T> inline void st(T* p, int64_t i, float v);
+template <> inline void st<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <> inline void st<bf16_t>(bf16_t* p, int64_t i, float v) { p[i] = f2bf(v); }
+
+template <typename T> inline float rnd(float v) { return v; }  // a store to T and a load back
+template <> inline float rnd<bf16_t>(float v) { return bf2f(f2bf(v)); }
+
+// ---- vector conversions ---------------------------------------------------------------------------
+template <typename T> inline vf vld(const T* p);
+template <> inline vf vld<float>(const float* p) { return *reinterpret_cast<const vf*>(p); }
+typedef uint16_t vh2 __attribute__((vector_size(kVecBytes), aligned(2), may_alias));
+
+// bf16 -> fp32 is "put the 16 bits in the high half": one interleave with zeros (a single
+// vpermt2w / vpunpcklwd-class shuffle) instead of widen + shift.
+inline vh2 zip_zero(vh h) {
+#if SGLK_VEC_BYTES == 16
+    return __builtin_shufflevector(vh{}, h, 0, 4, 1, 5, 2, 6, 3, 7);
+#elif SGLK_VEC_BYTES == 32
+    return __builtin_shufflevector(vh{}, h, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+#else
+    return __builtin_shufflevector(vh{}, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25,
+                                   10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#endif
+}
+template <> inline vf vld<bf16_t>(const bf16_t* p) {
+    vh2 z = zip_zero(*reinterpret_cast<const vh*>(p));
+    return reinterpret_cast<vf&>(z);
+}
+template <> inline vf vld<int8_t>(const int8_t* p) {
+    return __builtin_convertvector(__builtin_convertvector(*reinterpret_cast<const vb*>(p), vi), vf);
+}
+
+inline vu bf_round_bits(vf v) {  // the bf16 bits of v, in the low half of each lane
+    vu u = reinterpret_cast<vu&>(v);
+    vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? vu{} + 0x7fc0u : rounded;
+}
+
+template <typename T> inline void vst(T* p, vf v);
+template <> inline void vst<float>(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
+template <> inline void vst<bf16_t>(bf16_t* p, vf v) {
+    *reinterpret_cast<vh*>(p) = __builtin_convertvector(bf_round_bits(v), vh);
+}
+
+template <typename T> inline vf vrnd(vf v) { return v; }
+template <> inline vf vrnd<bf16_t>(vf v) {
+    vu u = bf_round_bits(v) << 16;
+    return reinterpret_cast<vf&>(u);
+}
+
+inline float hsum(vf v) {
+    float s = 0;
+    for (int i = 0; i < VL; ++i) s += v[i];
+    return s;
+}
+
+inline float hmax(vf v) {
+    float s = v[0];
+    for (int i = 1; i < VL; ++i) s = v[i] > s ? v[i] : s;
+    return s;
+}
+
+// exp(x) for the softmax and silu: Cephes' expf polynomial (rel. error < 2e-7), branch-free.
+// NaN propagates; x < -87.3 gives ~1e-38 instead of 0.
+inline vf vexp(vf x) {
+    x = x > 88.3762626647949f ? splat(88.3762626647949f) : x;
+    x = x < -87.3365447504019f ? splat(-87.3365447504019f) : x;
+    vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+    vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return p * reinterpret_cast<vf&>(e);
+}
+
+inline float sexp(float x) { return vexp(splat(x))[0]; }
+
+inline float fmax_(float a, float b) { return a > b ? a : b; }
+inline int64_t imin_(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax_(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ---- linear: y[m, n] = sum_k x[m, k] * w[n, k] (* scale[n]) + bias[n] -------------------------
+// Weight rows are read once, in order (one sequential stream per thread, which the hardware
+// prefetcher follows), converted in registers, and shared by up to four activation rows; four
+// accumulators per row hide the FMA latency. Meant for the memory-bound small-M regime (decode).
+template <typename TW, int MR>
+inline void dot_row(const float* const* xs, const TW* w, int64_t K, float (&out)[MR]) {
+    vf acc[MR][4];
+    for (int m = 0; m < MR; ++m)
+        for (int u = 0; u < 4; ++u) acc[m][u] = vf{};
+    int64_t k = 0;
+    for (; k + 4 * VL <= K; k += 4 * VL)
+        for (int u = 0; u < 4; ++u) {
+            vf wv = vld<TW>(w + k + u * VL);
+            for (int m = 0; m < MR; ++m) acc[m][u] += vld<float>(xs[m] + k + u * VL) * wv;
+        }
+    for (; k + VL <= K; k += VL) {
+        vf wv = vld<TW>(w + k);
+        for (int m = 0; m < MR; ++m) acc[m][0] += vld<float>(xs[m] + k) * wv;
+    }
+    for (int m = 0; m < MR; ++m) {
+        float s = hsum((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]));
+        for (int64_t t = k; t < K; ++t) s += xs[m][t] * ld<TW>(w, t);
+        out[m] = s;
+    }
+}
+
+template <typename TW, typename TY>
+void linear_t(const LinearArgs& a, int64_t n0, int64_t n1) {
+    const TW* W = static_cast<const TW*>(a.w);
+    TY* Y = static_cast<TY*>(a.y);
+    auto finish = [&](int64_t m, int64_t n, float acc) {
+        if (a.w_scale) acc *= a.w_scale[n];
+        if (a.bias) acc += a.bias[n];
+        st<TY>(Y + m * a.ldy, n, acc);
+    };
+    for (int64_t n = n0; n < n1; ++n) {
+        const TW* w = W + n * a.ldw;
+        int64_t m = 0;
+        for (; m + 4 <= a.M; m += 4) {  // later groups of rows re-read w from L1
+            const float* xs[4] = {a.x + m * a.ldx, a.x + (m + 1) * a.ldx, a.x + (m + 2) * a.ldx,
+                                  a.x + (m + 3) * a.ldx};
+            float out[4];
+            dot_row<TW, 4>(xs, w, a.K, out);
+            for (int i = 0; i < 4; ++i) finish(m + i, n, out[i]);
+        }
+        for (; m < a.M; ++m) {
+            const float* xs[1] = {a.x + m * a.ldx};
+            float out[1];
+            dot_row<TW, 1>(xs, w, a.K, out);
+            finish(m, n, out[0]);
+        }
+    }
+}
+
+template <typename TW>
+void linear_w(const LinearArgs& a, int64_t n0, int64_t n1) {
+    if (a.ytype == DType::F32) linear_t<TW, float>(a, n0, n1);
+    else linear_t<TW, bf16_t>(a, n0, n1);
+}
+
+// ---- RMSNorm, optionally after adding the residual --------------------------------------------
+template <typename T>
+void rmsnorm_t(const NormArgs& a, int64_t r0, int64_t r1) {
+    const int64_t H = a.H;
+    const T* w = static_cast<const T*>(a.weight);
+    for (int64_t r = r0; r < r1; ++r) {
+        const T* x = static_cast<const T*>(a.x) + r * a.ldx;
+        T* out = static_cast<T*>(a.out) + r * H;
+        const T* h = x;  // the normalised input: x, or x + residual as stored in residual_out
+        if (a.residual) {
+            const T* res = static_cast<const T*>(a.residual) + r * a.ldr;
+            T* ro = static_cast<T*>(a.residual_out) + r * H;
+            int64_t i = 0;
+            for (; i + VL <= H; i += VL) vst<T>(ro + i, vld<T>(x + i) + vld<T>(res + i));
+            for (; i < H; ++i) st<T>(ro, i, ld<T>(x, i) + ld<T>(res, i));
+            h = ro;
+        }
+        vf acc{};
+        int64_t i = 0;
+        for (; i + VL <= H; i += VL) {
+            vf v = vld<T>(h + i);
+            acc += v * v;
+        }
+        float ss = hsum(acc);
+        for (; i < H; ++i) ss += ld<T>(h, i) * ld<T>(h, i);
+        const float rs = 1.0f / __builtin_sqrtf(ss / static_cast<float>(H) + a.eps);
+        i = 0;
+        for (; i + VL <= H; i += VL) vst<T>(out + i, vrnd<T>(vld<T>(h + i) * rs) * vld<T>(w + i));
+        for (; i < H; ++i) st<T>(out, i, rnd<T>(ld<T>(h, i) * rs) * ld<T>(w, i));
+    }
+}
+
+// ---- silu(gate) * up over [rows, 2d] -> [rows, d] ------------------------------------------------
+template <typename T>
+void silu_mul_t(const void* xv, void* ov, int64_t d, int64_t ldx, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const T* g = static_cast<const T*>(xv) + r * ldx;
+        const T* u = g + d;
+        T* o = static_cast<T*>(ov) + r * d;
+        int64_t i = 0;
+        for (; i + VL <= d; i += VL) {
+            vf gv = vld<T>(g + i);
+            vst<T>(o + i, vrnd<T>(gv / (1.0f + vexp(-gv))) * vld<T>(u + i));
+        }
+        for (; i < d; ++i) {
+            float gv = ld<T>(g, i);
+            st<T>(o, i, rnd<T>(gv / (1.0f + sexp(-gv))) * ld<T>(u, i));
+        }
+    }
+}
+
+// ---- rotary embedding (NeoX / HF rotate_half layout) ----------------------------------------------
+template <typename T>
+void rope_heads(const T* src, T* dst, int64_t heads, int64_t head, int64_t rd, const float* c, const float* s) {
+    const int64_t half = rd / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        const T* x = src + h * head;
+        T* y = dst + h * head;
+        int64_t i = 0;
+        for (; i + VL <= half; i += VL) {
+            vf x1 = vld<T>(x + i), x2 = vld<T>(x + i + half);
+            vf c1 = vrnd<T>(vld<float>(c + i)), s1 = vrnd<T>(vld<float>(s + i));
+            vf c2 = vrnd<T>(vld<float>(c + i + half)), s2 = vrnd<T>(vld<float>(s + i + half));
+            vst<T>(y + i, vrnd<T>(x1 * c1) + vrnd<T>(-x2 * s1));
+            vst<T>(y + i + half, vrnd<T>(x2 * c2) + vrnd<T>(x1 * s2));
+        }
+        for (; i < half; ++i) {
+            float x1 = ld<T>(x, i), x2 = ld<T>(x, i + half);
+            float c1 = rnd<T>(c[i]), s1 = rnd<T>(s[i]), c2 = rnd<T>(c[i + half]), s2 = rnd<T>(s[i + half]);
+            st<T>(y, i, rnd<T>(x1 * c1) + rnd<T>(-x2 * s1));
+            st<T>(y, i + half, rnd<T>(x2 * c2) + rnd<T>(x1 * s2));
+        }
+        for (int64_t j = rd; j < head; ++j) y[j] = x[j];  // past rotary_dim: unchanged
+    }
+}
+
+template <typename T>
+void rope_t(const RopeArgs& a, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+        const float* c = a.cos + a.positions[t] * a.rotary_dim;
+        const float* s = a.sin + a.positions[t] * a.rotary_dim;
+        rope_heads<T>(static_cast<const T*>(a.q) + t * a.ldq, static_cast<T*>(a.q_out) + t * a.hq * a.head,
+                      a.hq, a.head, a.rotary_dim, c, s);
+        rope_heads<T>(static_cast<const T*>(a.k) + t * a.ldk, static_cast<T*>(a.k_out) + t * a.hk * a.head,
+                      a.hk, a.head, a.rotary_dim, c, s);
+    }
+}
+
+// ---- paged decode attention: one query per request, K/V read in place from the pool ------------
+// Work item = (request, kv head, split of the context); each keeps an online softmax for the
+// query heads of its GQA group and leaves (max, sum, acc) in `partial`; `combine` merges splits.
+constexpr int64_t kMaxGroupDim = 8192;  // query heads per kv head * head dim (checked by ops.cpp)
+constexpr int64_t kMaxDv = 512;
+constexpr int64_t kBlock = 32;          // keys scored per block
+
+template <typename T>
+inline float dot_q(const float* q, const T* k, int64_t d) {
+    vf acc{};
+    int64_t i = 0;
+    for (; i + VL <= d; i += VL) acc += vld<float>(q + i) * vld<T>(k + i);
+    float s = hsum(acc);
+    for (; i < d; ++i) s += q[i] * ld<T>(k, i);
+    return s;
+}
+
+template <typename T>
+inline void axpy(float* acc, float p, const T* v, int64_t n) {  // acc += p * v
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vst<float>(acc + i, vld<float>(acc + i) + p * vld<T>(v + i));
+    for (; i < n; ++i) acc[i] += p * ld<T>(v, i);
+}
+
+inline void scale_(float* acc, float f, int64_t n) {
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vst<float>(acc + i, vld<float>(acc + i) * f);
+    for (; i < n; ++i) acc[i] *= f;
+}
+
+template <typename T>
+void decode_split_t(const DecodeAttnArgs& a, int64_t task0, int64_t task1) {
+    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv;
+    float qf[kMaxGroupDim];
+    float acc[kMaxGroupDim];  // G * dv <= kMaxGroupDim (ops.cpp checks)
+    float mx[64], sum[64];
+    float sc[64][kBlock];
+    for (int64_t task = task0; task < task1; ++task) {
+        const int64_t sp = task % a.n_split;
+        const int64_t kh = (task / a.n_split) % a.hk;
+        const int64_t b = task / (a.n_split * a.hk);
+        const int64_t seq = a.seq_lens[b];
+        const int64_t start = a.window > 0 ? imax_(0, seq - a.window) : 0;
+        const int64_t lo = start + sp * a.split_len;
+        const int64_t hi = imin_(seq, lo + a.split_len);
+        const T* q = static_cast<const T*>(a.q) + b * a.ldq + kh * G * d;
+        for (int64_t i = 0; i < G * d; ++i) qf[i] = ld<T>(q, i) * a.scale;
+        for (int64_t i = 0; i < G * dv; ++i) acc[i] = 0.0f;
+        for (int64_t g = 0; g < G; ++g) { mx[g] = -__builtin_inff(); sum[g] = 0.0f; }
+        const int64_t row = a.req_pool_indices[b];
+        for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
+            const int64_t nb = imin_(kBlock, hi - j0);
+            const T* kp[kBlock];
+            const T* vp[kBlock];
+            for (int64_t j = 0; j < nb; ++j) {
+                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
+                                              : a.req_to_token32[row * a.ld_r2t + j0 + j];
+                if (a.slot_map) slot = a.slot_map[slot];
+                kp[j] = static_cast<const T*>(a.k_cache) + (slot * a.hk + kh) * d;
+                vp[j] = static_cast<const T*>(a.v_cache) + (slot * a.hk + kh) * dv;
+            }
+            // Slots are scattered over the pool: ask for every line of the block's K/V rows up
+            // front, so the misses overlap instead of stalling one after another.
+            for (int64_t j = 0; j < nb; ++j) {
+                for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(kp[j]) + off);
+                for (int64_t off = 0; off < dv * static_cast<int64_t>(sizeof(T)); off += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(vp[j]) + off);
+            }
+            for (int64_t j = 0; j < nb; ++j)
+                for (int64_t g = 0; g < G; ++g) {
+                    float s = dot_q<T>(qf + g * d, kp[j], d);
+                    if (a.logit_cap > 0) s = a.logit_cap * __builtin_tanhf(s / a.logit_cap);
+                    sc[g][j] = s;
+                }
+            for (int64_t g = 0; g < G; ++g) {
+                float bm = mx[g];
+                for (int64_t j = 0; j < nb; ++j) bm = fmax_(bm, sc[g][j]);
+                const float alpha = mx[g] == -__builtin_inff() ? 0.0f : __builtin_expf(mx[g] - bm);
+                float ps = 0;
+                for (int64_t j = 0; j < nb; ++j) {
+                    sc[g][j] = sexp(sc[g][j] - bm);
+                    ps += sc[g][j];
+                }
+                sum[g] = sum[g] * alpha + ps;
+                mx[g] = bm;
+                if (alpha != 1.0f) scale_(acc + g * dv, alpha, dv);
+            }
+            for (int64_t j = 0; j < nb; ++j)
+                for (int64_t g = 0; g < G; ++g) axpy<T>(acc + g * dv, sc[g][j], vp[j], dv);
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            float* part = a.partial + (((b * a.hq) + kh * G + g) * a.n_split + sp) * (dv + 2);
+            part[0] = mx[g];
+            part[1] = sum[g];
+            for (int64_t i = 0; i < dv; ++i) part[2 + i] = acc[g * dv + i];
+        }
+    }
+}
+
+template <typename T>
+void decode_combine_t(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {  // rows = b * hq + h
+    const int64_t dv = a.dv, ns = a.n_split;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float* part = a.partial + r * ns * (dv + 2);
+        float m = -__builtin_inff();
+        for (int64_t s = 0; s < ns; ++s) m = fmax_(m, part[s * (dv + 2)]);
+        float o[kMaxDv];
+        for (int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+        float l = 0;
+        for (int64_t s = 0; s < ns; ++s) {
+            const float* p = part + s * (dv + 2);
+            if (p[1] == 0.0f) continue;  // an empty split
+            const float f = __builtin_expf(p[0] - m);
+            l += p[1] * f;
+            axpy<float>(o, f, p + 2, dv);
+        }
+        const float inv = l > 0 ? 1.0f / l : 0.0f;
+        T* out = static_cast<T*>(a.out) + r * dv;
+        for (int64_t i = 0; i < dv; ++i) st<T>(out, i, o[i] * inv);
+    }
+}
+
+}  // namespace
+
+void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
+    switch (a.wtype) {
+        case WType::F32: linear_w<float>(a, n0, n1); break;
+        case WType::BF16: linear_w<bf16_t>(a, n0, n1); break;
+        case WType::I8: linear_w<int8_t>(a, n0, n1); break;
+    }
+}
+
+void rmsnorm(const NormArgs& a, int64_t r0, int64_t r1) {
+    if (a.dtype == DType::F32) rmsnorm_t<float>(a, r0, r1);
+    else rmsnorm_t<bf16_t>(a, r0, r1);
+}
+
+void silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t r0, int64_t r1) {
+    if (dt == DType::F32) silu_mul_t<float>(x, out, d, ldx, r0, r1);
+    else silu_mul_t<bf16_t>(x, out, d, ldx, r0, r1);
+}
+
+void rope(const RopeArgs& a, int64_t t0, int64_t t1) {
+    if (a.dtype == DType::F32) rope_t<float>(a, t0, t1);
+    else rope_t<bf16_t>(a, t0, t1);
+}
+
+void decode_attention_split(const DecodeAttnArgs& a, int64_t t0, int64_t t1) {
+    if (a.dtype == DType::F32) decode_split_t<float>(a, t0, t1);
+    else decode_split_t<bf16_t>(a, t0, t1);
+}
+
+void decode_attention_combine(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {
+    if (a.dtype == DType::F32) decode_combine_t<float>(a, r0, r1);
+    else decode_combine_t<bf16_t>(a, r0, r1);
+}

@@ -1,0 +1,314 @@
+// torch.ops.sgl_kernel.*: shape/dtype checks, the ISA choice and the thread split (torch's
+// intra-op pool, so torch.set_num_threads and the process's core binding apply) around the
+// raw kernels of kernels.h. Each op documents the torch expression it computes; the Python
+// side (sglang.srt.layers.cpu_ops) falls back to that expression when the library is absent.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels.h"
+
+namespace sglk {
+namespace {
+
+struct Kernels {
+    const char* name;
+    decltype(&generic::linear) linear;
+    decltype(&generic::rmsnorm) rmsnorm;
+    decltype(&generic::silu_and_mul) silu_and_mul;
+    decltype(&generic::rope) rope;
+    decltype(&generic::decode_attention_split) decode_split;
+    decltype(&generic::decode_attention_combine) decode_combine;
+};
+
+#define SGLK_TABLE(ns) \
+    Kernels { #ns, &ns::linear, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
+              &ns::decode_attention_split, &ns::decode_attention_combine }
+
+bool cpu_has_avx512() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx2() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool cpu_runs(const std::string& isa) {
+    return isa == "generic" || (isa == "avx2" && cpu_has_avx2()) || (isa == "avx512" && cpu_has_avx512());
+}
+
+Kernels table(const std::string& isa) {
+    if (isa == "avx512") return SGLK_TABLE(avx512);
+    if (isa == "avx2") return SGLK_TABLE(avx2);
+    return SGLK_TABLE(generic);
+}
+
+// The best kernels this CPU runs; SGL_KERNEL_ISA=generic|avx2|avx512 asks for another one
+// (ignored when the CPU lacks it).
+std::string initial_isa() {
+    const char* want = std::getenv("SGL_KERNEL_ISA");
+    if (want && cpu_runs(want)) return want;
+    return cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
+}
+
+Kernels& kernels() {
+    static Kernels k = table(initial_isa());
+    return k;
+}
+
+DType dtype_of(const at::Tensor& t, const char* what) {
+    if (t.scalar_type() == at::kFloat) return DType::F32;
+    if (t.scalar_type() == at::kBFloat16) return DType::BF16;
+    TORCH_CHECK(false, "sgl_kernel: ", what, " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+void check_cpu(const at::Tensor& t, const char* what) {
+    TORCH_CHECK(t.device().is_cpu(), "sgl_kernel: ", what, " must be a CPU tensor");
+}
+
+// Rows of a tensor viewed as [rows, last]: the last dim must be dense, the others collapse.
+at::Tensor as_rows(const at::Tensor& t, const char* what) {
+    check_cpu(t, what);
+    TORCH_CHECK(t.dim() >= 1 && t.stride(-1) == 1, "sgl_kernel: ", what, " needs a contiguous last dim");
+    if (t.dim() == 2) return t;
+    return t.reshape({-1, t.size(-1)});
+}
+
+}  // namespace
+
+// x @ w.T (* w_scale[:, None] for int8 w) + bias, in x's dtype, fp32 accumulation.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
+                  const c10::optional<at::Tensor>& bias) {
+    at::Tensor x2 = as_rows(x, "x");
+    check_cpu(w, "w");
+    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1, "sgl_kernel.linear: w must be [N, K] with dense rows");
+    const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
+    TORCH_CHECK(w.size(1) == K, "sgl_kernel.linear: x has ", K, " features, w ", w.size(1));
+    const DType yt = dtype_of(x, "x");
+    WType wt;
+    if (w.scalar_type() == at::kFloat) wt = WType::F32;
+    else if (w.scalar_type() == at::kBFloat16) wt = WType::BF16;
+    else if (w.scalar_type() == at::kChar) wt = WType::I8;
+    else TORCH_CHECK(false, "sgl_kernel.linear: w must be float32, bfloat16 or int8");
+    at::Tensor scale;
+    if (wt == WType::I8) {
+        TORCH_CHECK(w_scale.has_value(), "sgl_kernel.linear: int8 weights need w_scale");
+        scale = w_scale->to(at::kFloat).contiguous();
+        TORCH_CHECK(scale.numel() == N, "sgl_kernel.linear: w_scale needs ", N, " entries");
+    }
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        b = bias->to(at::kFloat).contiguous();
+        TORCH_CHECK(b.numel() == N, "sgl_kernel.linear: bias needs ", N, " entries");
+    }
+    at::Tensor xf = x2.scalar_type() == at::kFloat && x2.is_contiguous() ? x2 : x2.to(at::kFloat).contiguous();
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = N;
+    at::Tensor y = at::empty(shape, x.options());
+    if (M == 0 || N == 0) return y;
+    LinearArgs a{xf.data_ptr<float>(), M, K, K, w.data_ptr(), w.stride(0), wt,
+                 scale.defined() ? scale.data_ptr<float>() : nullptr,
+                 b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr(), N, yt};
+    const auto& kt = kernels();
+    // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
+    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
+        kt.linear(a, b0 * 4, std::min(N, b1 * 4));
+    });
+    return y;
+}
+
+namespace {
+std::tuple<at::Tensor, at::Tensor> norm_impl(const at::Tensor& x, const at::Tensor* residual,
+                                             const at::Tensor& weight, double eps) {
+    at::Tensor x2 = as_rows(x, "x");
+    const DType dt = dtype_of(x, "x");
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() &&
+                    weight.numel() == x2.size(1),
+                "sgl_kernel.rmsnorm: weight must be a dense [H] tensor of x's dtype");
+    at::Tensor r2;
+    if (residual) {
+        r2 = as_rows(*residual, "residual");
+        TORCH_CHECK(residual->scalar_type() == x.scalar_type() && r2.sizes() == x2.sizes(),
+                    "sgl_kernel.add_rmsnorm: residual must match x");
+    }
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    at::Tensor res_out = residual ? at::empty(x.sizes(), x.options()) : at::Tensor();
+    const int64_t rows = x2.size(0), H = x2.size(1);
+    NormArgs a{x2.data_ptr(), residual ? r2.data_ptr() : nullptr, weight.data_ptr(), out.data_ptr(),
+               residual ? res_out.data_ptr() : nullptr, H, x2.stride(0), residual ? r2.stride(0) : 0,
+               static_cast<float>(eps), dt};
+    const auto& kt = kernels();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)),
+                     [&](int64_t r0, int64_t r1) { kt.rmsnorm(a, r0, r1); });
+    return {out, res_out};
+}
+}  // namespace
+
+// weight * rms_norm(x) with HF's rounding (statistics in fp32).
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    return std::get<0>(norm_impl(x, nullptr, weight, eps));
+}
+
+// (rmsnorm(x + residual), x + residual); the sum is rounded to x's dtype first, as torch does.
+std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const at::Tensor& residual,
+                                               const at::Tensor& weight, double eps) {
+    return norm_impl(x, &residual, weight, eps);
+}
+
+// silu(x[..., :d]) * x[..., d:] for x [..., 2d].
+at::Tensor silu_and_mul(const at::Tensor& x) {
+    at::Tensor x2 = as_rows(x, "x");
+    const DType dt = dtype_of(x, "x");
+    TORCH_CHECK(x2.size(1) % 2 == 0, "sgl_kernel.silu_and_mul: last dim must be even");
+    const int64_t d = x2.size(1) / 2, rows = x2.size(0);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = d;
+    at::Tensor out = at::empty(shape, x.options());
+    const auto& kt = kernels();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
+        kt.silu_and_mul(x2.data_ptr(), out.data_ptr(), d, x2.stride(0), dt, r0, r1);
+    });
+    return out;
+}
+
+// (q, k) rotated: q, k [T, heads * head_size] (rows may be strided views), HF rotate_half rope with
+// the cos/sin rows of `positions` from fp32 tables [max_pos, rotary_dim]; dims past rotary_dim kept.
+std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions, const at::Tensor& q,
+                                                    const at::Tensor& k, int64_t head_size,
+                                                    const at::Tensor& cos, const at::Tensor& sin) {
+    check_cpu(q, "q");
+    check_cpu(k, "k");
+    const DType dt = dtype_of(q, "q");
+    TORCH_CHECK(k.scalar_type() == q.scalar_type(), "sgl_kernel.rotary_embedding: q and k dtypes differ");
+    TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && q.stride(1) == 1 && k.stride(1) == 1,
+                "sgl_kernel.rotary_embedding: q and k must be [T, heads * head_size] with dense rows");
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
+                    positions.numel() == q.size(0) && k.size(0) == q.size(0),
+                "sgl_kernel.rotary_embedding: positions must be a dense int64 [T]");
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes(),
+                "sgl_kernel.rotary_embedding: cos/sin must be dense fp32 [max_pos, rotary_dim]");
+    const int64_t rd = cos.size(1);
+    TORCH_CHECK(rd % 2 == 0 && rd <= head_size && q.size(1) % head_size == 0 && k.size(1) % head_size == 0,
+                "sgl_kernel.rotary_embedding: bad head_size/rotary_dim");
+    const int64_t T = q.size(0);
+    at::Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+    if (T == 0) return {q_out, k_out};
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    const int64_t max_pos = cos.size(0);
+    for (int64_t t = 0; t < T; ++t)
+        TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "sgl_kernel.rotary_embedding: position ", pos[t],
+                    " outside the table of ", max_pos);
+    RopeArgs a{q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), q.size(1) / head_size, k.size(1) / head_size, head_size, rd,
+               q.stride(0), k.stride(0), pos, cos.data_ptr<float>(), sin.data_ptr<float>(), dt};
+    const auto& kt = kernels();
+    at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { kt.rope(a, t0, t1); });
+    return {q_out, k_out};
+}
+
+// One query per request over its KV slots req_to_token[req_pool_indices[b], :seq_lens[b]]
+// (the last `window` only when window > 0; through slot_map when given), softmax(scale * q.k)
+// (with logit_cap * tanh(s / logit_cap) when logit_cap > 0) times V. q [B, hq * d] -> [B, hq * dv].
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                            const at::Tensor& seq_lens, const c10::optional<at::Tensor>& slot_map,
+                            double scale, int64_t window, double logit_cap) {
+    check_cpu(q, "q");
+    const DType dt = dtype_of(q, "q");
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+                "sgl_kernel.decode_attention: q and the KV cache must have one dtype");
+    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+                "sgl_kernel.decode_attention: caches must be dense [slots, kv_heads, dim]");
+    const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2);
+    const int64_t B = q.size(0);
+    TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, "sgl_kernel.decode_attention: q must be [B, hq * d]");
+    const int64_t hq = q.size(1) / d;
+    TORCH_CHECK(hq % hk == 0, "sgl_kernel.decode_attention: query heads must be a multiple of kv heads");
+    const int64_t G = hq / hk;
+    TORCH_CHECK(G <= 64 && G * d <= 8192 && G * dv <= 8192 && dv <= 512,
+                "sgl_kernel.decode_attention: head group too large");
+    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
+                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
+                "sgl_kernel.decode_attention: req_to_token must be int32/int64 [R, L]");
+    at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
+    at::Tensor lens = seq_lens.to(at::kLong).contiguous();
+    TORCH_CHECK(rows.numel() == B && lens.numel() == B, "sgl_kernel.decode_attention: one row and length per query");
+    at::Tensor smap;
+    if (slot_map.has_value() && slot_map->defined()) smap = slot_map->to(at::kLong).contiguous();
+    const int64_t* lp = lens.data_ptr<int64_t>();
+    const int64_t* rp = rows.data_ptr<int64_t>();
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        TORCH_CHECK(lp[b] >= 1 && lp[b] <= req_to_token.size(1) && rp[b] >= 0 && rp[b] < req_to_token.size(0),
+                    "sgl_kernel.decode_attention: request ", b, " has length ", lp[b], " / row ", rp[b],
+                    " outside req_to_token");
+        longest = std::max(longest, window > 0 ? std::min(lp[b], window) : lp[b]);
+    }
+    at::Tensor out = at::empty({B, hq * dv}, q.options());
+    if (B == 0) return out;
+    // Split long contexts so that every thread has work even at batch 1 (split-K).
+    const int64_t threads = at::get_num_threads();
+    const int64_t items = B * hk;
+    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>((4 * threads + items - 1) / items, (longest + 255) / 256));
+    int64_t split_len = (longest + n_split - 1) / n_split;
+    split_len = (split_len + 31) / 32 * 32;
+    n_split = (longest + split_len - 1) / split_len;
+    at::Tensor partial = at::empty({B * hq * n_split * (dv + 2)}, q.options().dtype(at::kFloat));
+    DecodeAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                     partial.data_ptr<float>(),
+                     req_to_token.scalar_type() == at::kLong ? req_to_token.data_ptr<int64_t>() : nullptr,
+                     req_to_token.scalar_type() == at::kInt ? req_to_token.data_ptr<int32_t>() : nullptr,
+                     req_to_token.stride(0), rp, lp, smap.defined() ? smap.data_ptr<int64_t>() : nullptr,
+                     B, hq, hk, d, dv, q.stride(0), n_split, split_len, window,
+                     static_cast<float>(scale), static_cast<float>(logit_cap), dt};
+    const auto& kt = kernels();
+    at::parallel_for(0, items * n_split, 1, [&](int64_t t0, int64_t t1) { kt.decode_split(a, t0, t1); });
+    at::parallel_for(0, B * hq, 16, [&](int64_t r0, int64_t r1) { kt.decode_combine(a, r0, r1); });
+    return out;
+}
+
+std::string isa() { return kernels().name; }
+
+// Switches the kernel set (tests and benchmarks compare them); returns the one now in use.
+std::string use_isa(const std::string& name) {
+    TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512", "sgl_kernel: unknown ISA ", name);
+    TORCH_CHECK(cpu_runs(name), "sgl_kernel: this CPU cannot run the ", name, " kernels");
+    kernels() = table(name);
+    return kernels().name;
+}
+
+bool cpu_supports(const std::string& name) { return cpu_runs(name); }
+
+}  // namespace sglk
+
+TORCH_LIBRARY(sgl_kernel, m) {
+    m.def("isa() -> str", &sglk::isa);
+    m.def("use_isa(str name) -> str", &sglk::use_isa);
+    m.def("cpu_supports(str name) -> bool", &sglk::cpu_supports);
+    m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
+    m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
+    m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+    m.def("silu_and_mul(Tensor x) -> Tensor");
+    m.def("rotary_embedding(Tensor positions, Tensor q, Tensor k, int head_size, Tensor cos, Tensor sin) "
+          "-> (Tensor, Tensor)");
+    m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, "
+          "Tensor req_pool_indices, Tensor seq_lens, Tensor? slot_map, float scale, int window, "
+          "float logit_cap) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
+    m.impl("linear", &sglk::linear);
+    m.impl("rmsnorm", &sglk::rmsnorm);
+    m.impl("add_rmsnorm", &sglk::add_rmsnorm);
+    m.impl("silu_and_mul", &sglk::silu_and_mul);
+    m.impl("rotary_embedding", &sglk::rotary_embedding);
+    m.impl("decode_attention", &sglk::decode_attention);
+}

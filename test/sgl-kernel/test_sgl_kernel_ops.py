@@ -1,0 +1,199 @@
+"""Each torch.ops.sgl_kernel op against the torch expression it replaces, for every kernel set
+this CPU runs (generic, avx2, avx512), odd shapes, fp32 and bf16.
+
+Outputs are NaN-poisoned: with deterministic mode and `fill_uninitialized_memory`, torch fills
+every tensor the ops allocate with NaN, so an element a kernel forgets to write fails the test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sgl_kernel
+
+pytestmark = pytest.mark.skipif(not sgl_kernel.load(), reason=f"sgl-kernel: {sgl_kernel.unavailable_reason()}")
+ops = torch.ops.sgl_kernel
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@pytest.fixture(params=sgl_kernel.supported_isas() or ["none"])
+def isa(request):
+    before = sgl_kernel.isa()
+    sgl_kernel.use_isa(request.param)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield request.param
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+    torch.use_deterministic_algorithms(False)
+    sgl_kernel.use_isa(before)
+
+
+def test_poisoning_is_on(isa):
+    assert torch.empty(4).isnan().all()  # the premise of every test here
+
+
+def _close(got, want, dtype, **kw):
+    assert not got.isnan().any(), "an output element was left unwritten (NaN poison) or is NaN"
+    torch.testing.assert_close(got.float(), want.float(), **(kw or TOL[dtype]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 7, 13), (2, 64, 64), (3, 130, 257), (5, 33, 96), (17, 9, 200)])
+def test_linear(isa, dtype, M, N, K):
+    g = torch.Generator().manual_seed(M * 1000 + N * 10 + K)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    bias = torch.randn(N, generator=g).to(dtype)
+    want = F.linear(x.float(), w.float(), bias.float()).to(dtype)
+    _close(ops.linear(x, w, None, bias), want, dtype)
+    _close(ops.linear(x, w, None, None), F.linear(x.float(), w.float()).to(dtype), dtype)
+
+
+def test_linear_keeps_leading_dims_and_strided_rows(isa):
+    x = torch.randn(2, 3, 40)[..., :32]  # strided rows
+    w = torch.randn(10, 32)
+    _close(ops.linear(x, w, None, None), F.linear(x, w), torch.float32)
+    assert ops.linear(torch.randn(0, 32), w, None, None).shape == (0, 10)
+
+
+@pytest.mark.parametrize("M", [1, 2, 5])
+def test_linear_int8_weights(isa, M):
+    w = torch.randint(-127, 128, (37, 65), dtype=torch.int8)
+    scale = torch.rand(37) * 0.01
+    x = torch.randn(M, 65)
+    want = F.linear(x, w.float() * scale[:, None])
+    _close(ops.linear(x, w, scale, None), want, torch.float32, atol=1e-4, rtol=1e-4)
+
+
+def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return w * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,H", [(1, 1), (3, 7), (17, 576), (2, 1000)])
+def test_rmsnorm_and_add_rmsnorm(isa, dtype, rows, H):
+    x = torch.randn(rows, H).to(dtype)
+    r = torch.randn(rows, H).to(dtype)
+    w = (torch.rand(H) + 0.5).to(dtype)
+    _close(ops.rmsnorm(x, w, 1e-6), _torch_rmsnorm(x, w, 1e-6), dtype)
+    out, summed = ops.add_rmsnorm(x, r, w, 1e-5)
+    assert torch.equal(summed, x + r)  # rounded to the dtype exactly as torch's add
+    _close(out, _torch_rmsnorm(x + r, w, 1e-5), dtype)
+
+
+def test_rmsnorm_propagates_nan_per_row(isa):
+    x = torch.randn(3, 16)
+    x[1, 5] = float("nan")
+    out = ops.rmsnorm(x, torch.ones(16), 1e-6)
+    assert out[1].isnan().all() and not out[[0, 2]].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,d", [(1, 1), (3, 17), (9, 1536)])
+def test_silu_and_mul(isa, dtype, rows, d):
+    x = (torch.randn(rows, 2 * d) * 4).to(dtype)
+    x[0, 0] = -100.0  # silu's far tails
+    want = (F.silu(x[:, :d]) * x[:, d:])
+    _close(ops.silu_and_mul(x), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,hq,hk,head,rd", [(1, 1, 1, 2, 2), (5, 9, 3, 64, 64), (4, 4, 2, 80, 32)])
+def test_rotary_embedding_on_strided_views(isa, dtype, T, hq, hk, head, rd):
+    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+
+    rope = RotaryEmbedding(head, rd, 512, 10000.0)
+    qkv = torch.randn(T, (hq + 2 * hk) * head).to(dtype)
+    q, k, _ = qkv.split([hq * head, hk * head, hk * head], dim=-1)
+    before = qkv.clone()
+    positions = torch.randint(0, 512, (T,))
+    with cpu_ops.torch_fallbacks():
+        want_q, want_k = rope(positions, q, k)
+    got_q, got_k = ops.rotary_embedding(positions, q, k, head, rope.cos_cached, rope.sin_cached)
+    assert torch.equal(qkv, before)  # inputs untouched
+    exact = dict(atol=0, rtol=0) if dtype == torch.bfloat16 else {}  # bf16: every rounding as torch's
+    _close(got_q, want_q, dtype, **exact)
+    _close(got_k, want_k, dtype, **exact)
+
+
+def test_rotary_embedding_refuses_positions_outside_the_table(isa):
+    q, k = torch.randn(2, 8), torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="outside the table"):  # C++ checks too, not only the layer
+        ops.rotary_embedding(torch.tensor([0, 64]), q, k, 8, torch.randn(64, 8), torch.randn(64, 8))
+
+
+def _ref_decode(q, k_cache, v_cache, r2t, rows, lens, slot_map, scale, window, cap):
+    B, hk, d = q.shape[0], k_cache.shape[1], k_cache.shape[2]
+    hq = q.shape[1] // d
+    out = []
+    for b in range(B):
+        n = int(lens[b])
+        lo = max(0, n - window) if window > 0 else 0
+        slots = r2t[rows[b], lo:n].long()
+        if slot_map is not None:
+            slots = slot_map[slots]
+        k = k_cache[slots].float().repeat_interleave(hq // hk, dim=1)  # [L, hq, d]
+        v = v_cache[slots].float().repeat_interleave(hq // hk, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b].float().view(hq, d), k) * scale
+        if cap > 0:
+            s = cap * torch.tanh(s / cap)
+        out.append(torch.einsum("hl,lhd->hd", s.softmax(-1), v).reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hk,d,lens,window,cap", [
+    (1, 1, 8, [1], -1, 0.0),
+    (9, 3, 64, [1, 33, 300], -1, 0.0),     # GQA, a context split across threads
+    (4, 4, 16, [700, 2, 65], 48, 0.0),     # sliding window
+    (6, 2, 32, [5, 129], -1, 30.0),        # logit cap
+    (2, 1, 8, [1000], -1, 0.0),            # batch 1, long: split-K
+])
+def test_decode_attention(isa, dtype, hq, hk, d, lens, window, cap):
+    g = torch.Generator().manual_seed(len(lens) * 7 + hq)
+    S = 2048
+    k_cache = torch.randn(S, hk, d, generator=g).to(dtype)
+    v_cache = torch.randn(S, hk, d, generator=g).to(dtype)
+    r2t = torch.zeros(5, 1100, dtype=torch.int32)
+    rows = torch.tensor([4, 1, 3][: len(lens)])
+    for b, n in enumerate(lens):
+        r2t[rows[b], :n] = torch.randperm(S - 1, generator=g)[:n].int() + 1
+    q = torch.randn(len(lens), hq * d, generator=g).to(dtype)
+    lens_t = torch.tensor(lens)
+    got = ops.decode_attention(q, k_cache, v_cache, r2t, rows, lens_t, None, d ** -0.5, window, cap)
+    want = _ref_decode(q, k_cache, v_cache, r2t, rows, lens_t, None, d ** -0.5, window, cap)
+    _close(got, want, dtype, **(dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else {}))
+
+
+def test_decode_attention_through_a_slot_map(isa):
+    S, hk, d = 64, 2, 16
+    k_cache, v_cache = torch.randn(S, hk, d), torch.randn(S, hk, d)
+    slot_map = torch.randperm(S)
+    r2t = torch.arange(40, dtype=torch.int64).view(1, 40)
+    q = torch.randn(1, 4 * d)
+    got = ops.decode_attention(q, k_cache, v_cache, r2t, torch.tensor([0]), torch.tensor([40]), slot_map,
+                               0.25, 10, 0.0)
+    want = _ref_decode(q, k_cache, v_cache, r2t, [0], [40], slot_map, 0.25, 10, 0.0)
+    _close(got, want, torch.float32, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attention_refuses_lengths_outside_req_to_token(isa):
+    with pytest.raises(RuntimeError, match="outside req_to_token"):
+        ops.decode_attention(torch.randn(1, 8), torch.randn(4, 1, 8), torch.randn(4, 1, 8),
+                             torch.zeros(1, 3, dtype=torch.int64), torch.tensor([0]), torch.tensor([4]),
+                             None, 1.0, -1, 0.0)
+
+
+def test_isa_choice():
+    assert sgl_kernel.isa() in sgl_kernel.supported_isas()
+    assert "generic" in sgl_kernel.supported_isas()
+    with pytest.raises(RuntimeError):
+        sgl_kernel.use_isa("sve")
