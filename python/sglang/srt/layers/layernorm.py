@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import cpu_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -31,6 +33,10 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        if cpu_ops.enabled(x) and self.weight.dtype == x.dtype:  # the same arithmetic, one call
+            if residual is None:
+                return torch.ops.sgl_kernel.rmsnorm(x, self.weight, self.variance_epsilon)
+            return torch.ops.sgl_kernel.add_rmsnorm(x, residual, self.weight, self.variance_epsilon)
         if residual is None:
             return self._norm(x)
         x = x + residual

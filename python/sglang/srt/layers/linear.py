@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import cpu_ops
+
 
 class ReplicatedLinear(nn.Module):
     packed_weight: Optional[torch.Tensor] = None  # set by pack_linear_weights (CPU)
@@ -90,7 +92,11 @@ class QKVParallelLinear(MergedLinear):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            packed_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight.T + bias, through the oneDNN-packed copy of the weight when there is one."""
+    """x @ weight.T + bias: sgl-kernel's small-M kernel for few rows (it reads bf16 weights as
+    they are), else the oneDNN-packed copy of the weight when there is one."""
+    if (cpu_ops.enabled(x) and x.numel() and x.dtype == weight.dtype
+            and x.numel() <= x.shape[-1] * cpu_ops.linear_max_rows(x.dtype)):
+        return torch.ops.sgl_kernel.linear(x, weight, None, bias)
     if packed_weight is not None and x.numel():
         if packed_weight.dtype == x.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")

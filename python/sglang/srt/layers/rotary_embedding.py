@@ -16,6 +16,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.layers import cpu_ops
+
 
 def _cfg_get(config: Any, key: str, default=None):
     if isinstance(config, dict):
@@ -94,6 +96,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
         self._last = None  # (positions tensor, dtype, (cos, sin)) of the latest call
+        self._checked = None  # the latest positions tensor found inside the table
 
     def _dynamic_freqs(self, t: torch.Tensor, scaling: Dict[str, Any], orig_max: int) -> torch.Tensor:
         factor = float(scaling["factor"])
@@ -113,14 +116,21 @@ class RotaryEmbedding(nn.Module):
         (see get_rope), so the rows are gathered once per forward and reused."""
         if self._last is not None and self._last[0] is positions and self._last[1] == dtype:
             return self._last[2]
-        if positions.numel() and int(positions.max()) >= self.cos_cached.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds the rotary table ({self.cos_cached.shape[0]} positions)"
-            )
+        self._check_positions(positions)
         cos = self.cos_cached.index_select(0, positions).to(dtype)[:, None, :]
         sin = self.sin_cached.index_select(0, positions).to(dtype)[:, None, :]
         self._last = (positions, dtype, (cos, sin))
         return cos, sin
+
+    def _check_positions(self, positions: torch.Tensor) -> None:
+        """Once per positions tensor (one instance serves every layer of a forward)."""
+        if self._checked is positions:
+            return
+        if positions.numel() and int(positions.max()) >= self.cos_cached.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds the rotary table ({self.cos_cached.shape[0]} positions)"
+            )
+        self._checked = positions
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +139,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """query: [T, n_q * head_size], key: [T, n_kv * head_size] -> rotated, same shapes."""
+        if (cpu_ops.enabled(query) and query.dim() == 2 and key.dim() == 2 and key.dtype == query.dtype
+                and query.stride(-1) == 1 and key.stride(-1) == 1 and positions.dtype == torch.int64):
+            self._check_positions(positions)
+            return torch.ops.sgl_kernel.rotary_embedding(positions.contiguous(), query, key, self.head_size,
+                                                         self.cos_cached, self.sin_cached)
         cos, sin = self._cos_sin(positions, query.dtype)
         T = positions.shape[0]
         q = query.view(T, -1, self.head_size)

@@ -30,6 +30,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.linear import pack_linear_weights
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
@@ -88,6 +89,8 @@ class ModelRunner:
         logger.info(f"Load weight begin. avail mem={before / GB:.2f} GB")
         self.model = get_model(self.model_config, self.dtype, self.device, hf_config=self.hf_config,
                                show_progress=not self.disable_tqdm)
+        if self.device == "cpu":
+            logger.info(cpu_ops.describe())
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
             # The packed copies come on top of the weights: leave most of the memory to the KV cache.
             packed = pack_linear_weights(self.model, max_bytes=available_memory_bytes(self.device) // 2)

@@ -11,6 +11,9 @@ or its last W positions for a sliding-window layer) are padded to the longest of
 (padding points at slot 0, the pool's padding page) and masked out (no mask when no request
 needs padding).
 
+Decode on CPU with sgl-kernel built (layers/cpu_ops.py): `sgl_kernel.decode_attention` reads
+K/V in place through `req_to_token` (and the SWA slot map), split over long contexts.
+
 Pools: a plain `MHATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
 in a separate pool addressed by translated slots (`pool.translate_loc_from_full_to_swa`);
 only in-window positions are read for those layers, so slots freed after sliding out of the
@@ -24,6 +27,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
@@ -119,6 +123,13 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         translate = _is_swa_pool_layer(pool, layer.layer_id)
+        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1:
+            # in place over the pool: no gather of K/V, no padding mask
+            fb = forward_batch
+            return torch.ops.sgl_kernel.decode_attention(
+                q.view(q.shape[0], -1), k_buf, v_buf, fb.req_to_token_pool.req_to_token, fb.req_pool_indices,
+                fb.seq_lens, pool.full_to_swa_index_mapping if translate else None, layer.scaling,
+                layer.sliding_window_size, float(layer.logit_cap or 0.0))
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         B = q.shape[0]
         idx, mask, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
