@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from sglang.srt.disaggregation.launch_pd import parse_args, role_flags
+from sglang.srt.utils.cpu_binding import available_cores, format_cores, split_for_roles
 from sglang.test.server_utils import find_free_port, wait_for_health
 from sglang.test.tiny_models import make_tiny_model
 
@@ -79,6 +80,12 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         wait_for_health(router, timeout=240, process=proc)
         assert _serves(router, 30)
         assert len(psutil.Process(proc.pid).children(recursive=True)) >= 3
+        # the two schedulers own disjoint halves of the cores (SGLANG_CPU_OMP_THREADS_BIND per role)
+        halves = split_for_roles(available_cores())
+        for role, cores in zip(("prefill", "decode"), halves):
+            affinities = [sorted(c.cpu_affinity()) for c in _member_pid(proc.pid, role).children(recursive=True)]
+            assert cores in affinities, (role, affinities)
+            assert f"bound to cores {format_cores(cores)}" in log_path.read_text(errors="replace")
         _member_pid(proc.pid, "decode").kill()
         assert _serves(router, 120), "the deployment did not serve again after the decode restart"
         log = log_path.read_text(errors="replace")

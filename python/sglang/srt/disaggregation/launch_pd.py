@@ -8,17 +8,23 @@ plus the user's common flags, where a decode-only flag (`--disaggregation-decode
 through `sglang.check_server_args` first, so a wrong combination fails in a second, before any
 weights load. The router is the real `sglang-router` when installed (`--router rust|mini-lb`),
 else the in-tree `sglang.srt.router.mini_lb`.
+
+Cores (CPU serving): the two schedulers get disjoint cores through upstream's
+`SGLANG_CPU_OMP_THREADS_BIND` (see `sglang.srt.utils.cpu_binding`). Unset: the cores this
+process may use are split, the prefill server taking the first half. "P|D" (e.g. "0-3|4-7"):
+prefill P, decode D. One list: both share it. "all": no binding (each takes every core).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
 import time
-from typing import List, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 DECODE_ONLY_PREFIXES = ("--disaggregation-decode-", "--num-reserved-decode-tokens")
 PREFILL_ONLY_PREFIXES = ("--disaggregation-bootstrap-port",)
@@ -52,6 +58,22 @@ def role_flags(role: str, common: Sequence[str], args) -> List[str]:
             continue
         out += group
     return out
+
+
+def role_core_binding(environ: Mapping[str, str]) -> Dict[str, str]:
+    """SGLANG_CPU_OMP_THREADS_BIND for each server (see the module docstring)."""
+    from sglang.srt.utils.cpu_binding import ENV, available_cores, format_cores, split_for_roles
+
+    spec = environ.get(ENV)
+    if spec is None:
+        prefill, decode = split_for_roles(available_cores(), 2)
+        return {"prefill": format_cores(prefill), "decode": format_cores(decode)}
+    groups = spec.split("|")
+    if len(groups) == 1:
+        return {"prefill": spec, "decode": spec}
+    if len(groups) == 2:
+        return {"prefill": groups[0], "decode": groups[1]}
+    raise ValueError(f"{ENV}={spec!r}: launch_pd takes one core list, or two ('prefill|decode')")
 
 
 def check_role(flags: List[str]) -> None:
@@ -148,10 +170,14 @@ def main(argv: Sequence[str] = None) -> int:
     if args.check_only:
         return 0
     base = f"http://{args.host}"
+    from sglang.srt.utils.cpu_binding import ENV
+
+    cores = role_core_binding(os.environ)
+    print(f"[launch_pd] cores: prefill {cores['prefill']}, decode {cores['decode']} ({ENV})", flush=True)
     members = [
         Member(role, [sys.executable, "-m", "sglang.launch_server", *roles[role]],
                f"{base}:{args.prefill_port if role == 'prefill' else args.decode_port}", args.startup_timeout,
-               wait_healthy)
+               wait_healthy, env={**os.environ, ENV: cores[role]})
         for role in ("prefill", "decode")
     ]
     members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy))

@@ -29,9 +29,11 @@ class Member:
     """One process of the deployment: how to start it and how to know it is up."""
 
     def __init__(self, name: str, cmd: List[str], url: str, startup_timeout: float,
-                 wait_healthy: Callable[[str, subprocess.Popen, float], None]):
+                 wait_healthy: Callable[[str, subprocess.Popen, float], None],
+                 env: Optional[Dict[str, str]] = None):
         self.name = name
         self.cmd = cmd
+        self.env = env  # None: this process's environment
         self.url = url
         self.startup_timeout = startup_timeout
         self.wait_healthy = wait_healthy
@@ -39,7 +41,7 @@ class Member:
         self.restarts: Deque[float] = deque()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd)
+        self.proc = subprocess.Popen(self.cmd, env=self.env)
 
     def wait_up(self) -> None:
         self.wait_healthy(self.url, self.proc, self.startup_timeout)

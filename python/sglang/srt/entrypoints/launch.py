@@ -99,6 +99,10 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
         procs.shutdown()
         raise
     procs.scheduler_info = info.info
+    if notify_parent:  # a server's own process does no forwards (an Engine host keeps its settings)
+        from sglang.srt.utils.cpu_binding import one_thread
+
+        one_thread()
     procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive)
     return procs
 

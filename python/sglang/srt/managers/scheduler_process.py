@@ -129,6 +129,11 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
     try:
         from sglang.srt.managers.scheduler import Scheduler
 
+        if server_args.device == "cpu":  # the cores this scheduler's forwards own
+            from sglang.srt.utils.cpu_binding import bind_scheduler
+
+            logger.info(bind_scheduler(rank=0))
+
         scheduler = Scheduler(server_args)
         loop = SchedulerLoop(scheduler, port_args)
         ready_pipe.send(SchedulerReady(info=scheduler.ready_info()))

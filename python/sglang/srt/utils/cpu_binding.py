@@ -1,0 +1,103 @@
+"""Which cores a process's torch work runs on (CPU serving).
+
+`SGLANG_CPU_OMP_THREADS_BIND` is upstream SGLang's variable: cores per tensor-parallel rank,
+ranks separated by "|", each a list such as "0-3,8" ("0-1", "0|1"). A scheduler given cores is
+pinned to them (CPU affinity) with one intra-op thread per core. Unset or "all": the process
+keeps the cores it was started with and torch's thread count (OMP_NUM_THREADS, else one per
+core). Processes that do no forwards (the HTTP/tokenizer process, the detokenizer) run one
+thread: a full-width OpenMP pool in an idle process spins against the scheduler's.
+
+`launch_pd` splits the machine between its prefill and decode servers through this variable
+(`split_for_roles`), so two schedulers never share a core unless the user asks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import List, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def parse_core_list(text: str) -> List[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8]."""
+    cores: List[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"{ENV}: {part!r} is not a core number or range (e.g. 0-3,8)")
+        cores.extend(range(int(lo), int(hi or lo) + 1))
+    if not cores:
+        raise ValueError(f"{ENV}: an empty core list")
+    return sorted(set(cores))
+
+
+def available_cores() -> List[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def cores_for_rank(spec: Optional[str], rank: int = 0) -> Optional[List[int]]:
+    """The cores rank `rank` is given by `spec` (None: no binding asked for)."""
+    if spec is None or spec.strip() in ("", "all"):
+        return None
+    groups = spec.split("|")
+    if rank >= len(groups):
+        raise ValueError(f"{ENV}={spec!r} names {len(groups)} rank(s); rank {rank} has none")
+    cores = parse_core_list(groups[rank])
+    missing = sorted(set(cores) - set(available_cores()))
+    if missing:
+        raise ValueError(f"{ENV}={spec!r}: cores {missing} are not available to this process "
+                         f"(available: {available_cores()})")
+    return cores
+
+
+def bind_scheduler(rank: int = 0) -> str:
+    """Pins this (scheduler) process as `SGLANG_CPU_OMP_THREADS_BIND` says; returns a log line."""
+    import torch
+
+    cores = cores_for_rank(os.environ.get(ENV), rank)
+    if cores is None:
+        return f"CPU threads: {torch.get_num_threads()} (no {ENV}; cores {format_cores(available_cores())})"
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+    return f"CPU threads: {len(cores)}, bound to cores {format_cores(cores)} ({ENV})"
+
+
+def one_thread() -> None:
+    """For processes that do no forwards."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def split_for_roles(cores: Sequence[int], roles: int = 2) -> List[List[int]]:
+    """Contiguous shares of `cores`, the first roles getting the larger ones; with fewer cores
+    than roles, every role gets all of them (sharing is then unavoidable)."""
+    cores = list(cores)
+    if len(cores) < roles:
+        return [cores] * roles
+    out, start = [], 0
+    for i in range(roles):
+        n = len(cores) // roles + (1 if i < len(cores) % roles else 0)
+        out.append(cores[start:start + n])
+        start += n
+    return out
+
+
+def format_cores(cores: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the variable's syntax)."""
+    cores = sorted(cores)
+    parts, i = [], 0
+    while i < len(cores):
+        j = i
+        while j + 1 < len(cores) and cores[j + 1] == cores[j] + 1:
+            j += 1
+        parts.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
+        i = j + 1
+    return ",".join(parts)
