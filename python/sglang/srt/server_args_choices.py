@@ -40,6 +40,10 @@ DISAGG_TRANSFER_BACKEND_CHOICES = ["mooncake", "nixl", "ascend", "fake", "mori",
 
 DISAGG_MODE_CHOICES = ["null", "prefill", "decode"]
 
+# Fork: weight-only int8 for CPU (upstream has no weight-only int8 method for dense checkpoints; its
+# w8a8_int8 also quantizes activations). Upstream's other methods are refused at the parser.
+QUANTIZATION_CHOICES = ["w8a16_int8"]
+
 DECODE_RETRACTION_BACKUP_CHOICES = ["cpu_tensor", "host_pool", "none"]
 
 DECODE_ALLOCATION_POLICY_CHOICES = ["early", "prefill_complete"]

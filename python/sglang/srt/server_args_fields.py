@@ -95,6 +95,13 @@ class ModelFields:
         "Data type for kv cache storage. 'auto' will use model data type.",
         choices=C.KV_CACHE_DTYPE_CHOICES,
     )
+    quantization: Optional[str] = arg(
+        None,
+        "The quantization method. Fork: w8a16_int8 (CPU, needs sgl-kernel): linear weights become int8 with "
+        "per-output-channel scales computed at load time from the checkpoint's weights; activations stay in "
+        "--dtype and the kernel dequantizes in registers.",
+        choices=C.QUANTIZATION_CHOICES,
+    )
     served_model_name: Optional[str] = arg(
         None, "Override the model name returned by the v1/models endpoint in OpenAI API server. Defaults to --model-path."
     )

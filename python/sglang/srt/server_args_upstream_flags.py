@@ -327,7 +327,6 @@ UPSTREAM_ONLY_FLAGS = {
     'prefill_only_disable_kv_cache': (('--prefill-only-disable-kv-cache',), 'flag'),
     'prompt_tokens_buckets': (('--prompt-tokens-buckets',), 'values'),
     'qsa_indexer_dtype': (('--qsa-indexer-dtype',), 'value'),
-    'quantization': (('--quantization',), 'value'),
     'quantization_param_path': (('--quantization-param-path',), 'value'),
     'quantize_and_serve': (('--quantize-and-serve',), 'flag'),
     'reasoning_parser': (('--reasoning-parser',), 'value'),

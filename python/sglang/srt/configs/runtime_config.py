@@ -37,6 +37,7 @@ class RunnerConfig:
     attention_backend: Optional[str] = None
     triton_attention_num_kv_splits: int = 8
     context_length: Optional[int] = None
+    quantization: Optional[str] = None
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> "RunnerConfig":

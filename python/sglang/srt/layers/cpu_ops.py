@@ -72,6 +72,8 @@ def linear_max_rows(dtype: torch.dtype) -> int:
         return 1
     if dtype == torch.bfloat16:
         return 1 if _native_bf16_gemm() else 4
+    if dtype == torch.int8:  # --quantization w8a16_int8: decode batches
+        return 8
     return 0
 
 

@@ -19,7 +19,7 @@ to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized co
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ from sglang.srt.layers import cpu_ops
 
 class ReplicatedLinear(nn.Module):
     packed_weight: Optional[torch.Tensor] = None  # set by pack_linear_weights (CPU)
+    int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (q, scale): layers/quantization.py
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
@@ -39,7 +40,7 @@ class ReplicatedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed_weight)
+        return linear(x, self.weight, self.bias, self.packed_weight, self.int8_weight)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         _copy_checked(param.data, loaded)
@@ -91,12 +92,16 @@ class QKVParallelLinear(MergedLinear):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           packed_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight.T + bias: sgl-kernel's small-M kernel for few rows (it reads bf16 weights as
-    they are), else the oneDNN-packed copy of the weight when there is one."""
-    if (cpu_ops.enabled(x) and x.numel() and x.dtype == weight.dtype
-            and x.numel() <= x.shape[-1] * cpu_ops.linear_max_rows(x.dtype)):
-        return torch.ops.sgl_kernel.linear(x, weight, None, bias)
+           packed_weight: Optional[torch.Tensor] = None,
+           int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """x @ weight.T + bias: sgl-kernel's small-M kernel for few rows (it reads bf16 and int8
+    weights as they are), else the oneDNN-packed copy of the weight when there is one."""
+    if cpu_ops.enabled(x) and x.numel():
+        rows = x.numel() // x.shape[-1]
+        if int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
+            return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias)
+        if x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
+            return torch.ops.sgl_kernel.linear(x, weight, None, bias)
     if packed_weight is not None and x.numel():
         if packed_weight.dtype == x.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")

@@ -43,7 +43,7 @@ class LogitsProcessor(nn.Module):
 
     def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         logits = linear(hidden, lm_head.weight, getattr(lm_head, "bias", None),
-                        getattr(lm_head, "packed_weight", None)).float()
+                        getattr(lm_head, "packed_weight", None), getattr(lm_head, "int8_weight", None)).float()
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.final_logit_softcapping:

@@ -26,6 +26,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Holds the [vocab, hidden] output projection; `LogitsProcessor` applies it."""
 
     packed_weight = None  # set by linear.pack_linear_weights (CPU)
+    int8_weight = None  # (q, scale) under --quantization w8a16_int8 (layers/quantization.py)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False):
         super().__init__(num_embeddings, embedding_dim)

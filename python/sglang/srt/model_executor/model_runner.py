@@ -30,7 +30,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
-from sglang.srt.layers import cpu_ops
+from sglang.srt.layers import cpu_ops, quantization
 from sglang.srt.layers.linear import pack_linear_weights
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
@@ -91,6 +91,12 @@ class ModelRunner:
                                show_progress=not self.disable_tqdm)
         if self.device == "cpu":
             logger.info(cpu_ops.describe())
+        if self.config.quantization == quantization.METHOD:
+            if self.device != "cpu" or not cpu_ops.available():
+                raise ValueError(f"--quantization {quantization.METHOD} runs on CPU with sgl-kernel built; "
+                                 f"here: device {self.device}, {cpu_ops.describe()}")
+            n = quantization.quantize_linear_weights_int8(self.model)
+            logger.info(f"{quantization.METHOD}: {n} linear weights quantized to int8 (per-channel scales)")
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
             # The packed copies come on top of the weights: leave most of the memory to the KV cache.
             packed = pack_linear_weights(self.model, max_bytes=available_memory_bytes(self.device) // 2)
