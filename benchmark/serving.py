@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Union
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (PEER_NAMES, cache_dir, machine_line, model_config, our_python, peer_python,  # noqa: E402
@@ -36,7 +36,7 @@ from common import (PEER_NAMES, cache_dir, machine_line, model_config, our_pytho
 
 
 # ---- client ----------------------------------------------------------------------------------
-async def one_request(session, url: str, model: str, prompt: List[int], out_len: int) -> dict:
+async def one_request(session, url: str, model: str, prompt: Union[str, List[int]], out_len: int) -> dict:
     payload = {"model": model, "prompt": prompt, "max_tokens": out_len, "temperature": 0.0, "ignore_eos": True,
                "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -187,6 +187,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per server (median of rounds)")
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--text-prompts", action="store_true",
+                    help="send the random token ids decoded to text (the sglang-router refuses token-id prompts on "
+                         "/v1/completions); lengths are then approximate, the same text goes to every server")
     args = ap.parse_args()
     if args.url is None and args.launch is None:
         args.launch = ["ours", "vllm"]
@@ -229,16 +232,22 @@ def main():
         except Exception as e:
             print(f"note: /v1/models failed ({e}); using model name {args.model!r}")
 
+    as_text = (lambda ps: ps)
+    if args.text_prompts:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        as_text = (lambda ps: [tok.decode(p) for p in ps])
     results = {name: [] for name, *_ in live}
     try:
         for name, url, model, s in live:  # warm-up; then each launched server waits its turn frozen
-            asyncio.run(run_workload(url, model, synthetic_prompts(2, 8, vocab, 3), [4, 4], float("inf"), None, 0))
+            asyncio.run(run_workload(url, model, as_text(synthetic_prompts(2, 8, vocab, 3)), [4, 4], float("inf"), None, 0))
             if s is not None:
                 signal_tree(s.proc.pid, signal.SIGSTOP)
         bar = progress(args.rounds * len(live) * args.num_prompts, "serving")
         for rnd in range(args.rounds):
-            prompts = [synthetic_prompts(1, n, vocab, seed=args.seed * 1000 + rnd * 100 + i)[0]
-                       for i, n in enumerate(in_lens)]
+            prompts = as_text([synthetic_prompts(1, n, vocab, seed=args.seed * 1000 + rnd * 100 + i)[0]
+                               for i, n in enumerate(in_lens)])
             order = live if rnd % 2 == 0 else live[::-1]
             for name, url, model, s in order:
                 if s is not None:
