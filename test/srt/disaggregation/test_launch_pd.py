@@ -13,6 +13,8 @@ import requests
 
 from sglang.srt.disaggregation.launch_pd import parse_args, role_flags
 from sglang.srt.utils.cpu_binding import available_cores, format_cores, split_for_roles
+from sglang.test.fuzz.cases import FuzzTarget
+from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
 from sglang.test.server_utils import find_free_port, wait_for_health
 from sglang.test.tiny_models import make_tiny_model
 
@@ -39,6 +41,38 @@ def test_check_only_rejects_a_bad_role_before_launch(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sglang.launch_pd", "--model-path", d, "--check-only",
                         "--decode-retraction-backup", "cpu_tensor"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def _clients_shapes_then_pools_free(router, ports):
+    """What real clients send, through launch_pd's router: the openai client with n>1, a prompt
+    batch x n, a stream cut mid-way, an invalid value; then the seeded fuzzer's mix. Afterwards
+    both servers are healthy and every pool is back to its free size."""
+    import openai
+
+    client = openai.OpenAI(base_url=router + "/v1", api_key="x", max_retries=0, timeout=120)
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], n=2,
+                                          max_tokens=6, temperature=0)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    batch = client.completions.create(model="m", prompt=["Hello", "Once upon a time"], n=2, max_tokens=5,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+    assert all(c.finish_reason == "length" and c.text for c in batch.choices)
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Count to ten"}],
+                                            max_tokens=64, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()  # the client hangs up mid-stream
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="m", prompt="Hello", max_tokens=4, temperature=-1)
+    servers = [f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[2]}"]
+    info = requests.get(servers[1] + "/server_info", timeout=30).json()
+    target = FuzzTarget(url=router, vocab_size=info["vocab_size"], context_len=info["context_len"],
+                        behind_sglang_router=True, tokenize_routes=False, abort_urls=[servers[1]], pd=True)
+    report = run_fuzz(target, num_cases=48, concurrency=16, seed=1304)
+    assert not report.violations, report.summary()
+    for u in servers + [router]:
+        assert requests.get(u + "/health", timeout=10).status_code == 200
+    assert_pools_restored(servers)
 
 
 def _member_pid(root_pid, role):
@@ -86,6 +120,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
             affinities = [sorted(c.cpu_affinity()) for c in _member_pid(proc.pid, role).children(recursive=True)]
             assert cores in affinities, (role, affinities)
             assert f"bound to cores {format_cores(cores)}" in log_path.read_text(errors="replace")
+        _clients_shapes_then_pools_free(router, ports)
         _member_pid(proc.pid, "decode").kill()
         assert _serves(router, 120), "the deployment did not serve again after the decode restart"
         log = log_path.read_text(errors="replace")
