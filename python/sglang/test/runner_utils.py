@@ -22,7 +22,7 @@ class ManualRequest:
     def last_loc(self, runner) -> int:
         if self.kv_len == 0:
             return 0
-        return int(runner.req_to_token_pool.req_to_token[self.req_pool_idx, self.kv_len - 1])
+        return int(runner.memory.req_to_token_pool.req_to_token[self.req_pool_idx, self.kv_len - 1])
 
 
 class ManualDriver:
@@ -30,7 +30,7 @@ class ManualDriver:
         self.runner = runner
 
     def new_request(self, token_ids: Sequence[int]) -> ManualRequest:
-        rows = self.runner.req_to_token_pool.alloc(1)
+        rows = self.runner.memory.req_to_token_pool.alloc(1)
         assert rows is not None, "no free request slot"
         return ManualRequest(list(token_ids), rows[0])
 
@@ -40,12 +40,12 @@ class ManualDriver:
         prefix = [q.kv_len for q in reqs]
         seq = [p + len(t) for p, t in zip(prefix, new_tokens)]
         last = [q.last_loc(r) for q in reqs]
-        loc = r.token_to_kv_pool_allocator.alloc_extend(prefix, seq, last)
+        loc = r.memory.allocator.alloc_extend(prefix, seq, last)
         assert loc is not None, "KV pool exhausted"
         off = 0
         for q, p, s in zip(reqs, prefix, seq):
             n = s - p
-            r.req_to_token_pool.write(q.req_pool_idx, p, loc[off : off + n])
+            r.memory.req_to_token_pool.write(q.req_pool_idx, p, loc[off : off + n])
             q.slots.append(loc[off : off + n])
             off += n
             q.kv_len = s
@@ -58,10 +58,10 @@ class ManualDriver:
         r = self.runner
         seq = [q.kv_len + 1 for q in reqs]
         last = [q.last_loc(r) for q in reqs]
-        loc = r.token_to_kv_pool_allocator.alloc_decode(seq, last)
+        loc = r.memory.allocator.alloc_decode(seq, last)
         assert loc is not None, "KV pool exhausted"
         for i, q in enumerate(reqs):
-            r.req_to_token_pool.write(q.req_pool_idx, q.kv_len, loc[i : i + 1])
+            r.memory.req_to_token_pool.write(q.req_pool_idx, q.kv_len, loc[i : i + 1])
             q.slots.append(loc[i : i + 1])
             q.kv_len += 1
         fb = ForwardBatch.for_decode(tokens, seq, [q.req_pool_idx for q in reqs], loc, device=r.device)
@@ -80,9 +80,9 @@ class ManualDriver:
     def free(self, req: ManualRequest) -> None:
         r = self.runner
         if req.kv_len:
-            slots = r.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
-            r.token_to_kv_pool_allocator.free(slots)
-        r.req_to_token_pool.free(req.req_pool_idx)
+            slots = r.memory.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
+            r.memory.allocator.free(slots)
+        r.memory.req_to_token_pool.free(req.req_pool_idx)
         req.kv_len = 0
         req.slots = []
 

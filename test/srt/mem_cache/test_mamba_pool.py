@@ -138,17 +138,17 @@ def test_model_runner_builds_the_pool(nemo_dir):
     from sglang.srt.server_args import ServerArgs
 
     r = ModelRunner(nemo_dir, max_total_tokens=512, max_running_requests=6, disable_tqdm=True)
-    assert r.mamba_pool.size == 6 and r.mamba_pool.ssm_dtype == torch.float32
+    assert r.memory.mamba_pool.size == 6 and r.memory.mamba_pool.ssm_dtype == torch.float32
     # Flags given through server_args (as the server does) and a pool smaller than
     # max_running_requests: a running request needs a slot, so the cap follows the pool.
     sa = ServerArgs(model_path=nemo_dir, max_mamba_cache_size=3, mamba_ssm_dtype="bfloat16", max_total_tokens=512,
                     max_running_requests=6)
     r = ModelRunner(nemo_dir, sa, disable_tqdm=True)
-    assert r.mamba_pool.size == 3 and r.max_running_requests == 3
-    assert r.mamba_pool.ssm_dtype == torch.bfloat16 and r.mamba_pool.conv_state.dtype == torch.float32
+    assert r.memory.mamba_pool.size == 3 and r.memory.max_running_requests == 3
+    assert r.memory.mamba_pool.ssm_dtype == torch.bfloat16 and r.memory.mamba_pool.conv_state.dtype == torch.float32
     # No --max-running-requests: upstream's 512 slots, and the runner's request cap follows.
     r = ModelRunner(nemo_dir, max_total_tokens=4096, disable_tqdm=True)
-    assert r.mamba_pool.size == 512 and r.max_running_requests == 512
+    assert r.memory.mamba_pool.size == 512 and r.memory.max_running_requests == 512
 
 
 def test_dense_model_has_no_pool(tmp_path):
@@ -157,7 +157,7 @@ def test_dense_model_has_no_pool(tmp_path):
 
     r = ModelRunner(make_tiny_model(str(tmp_path / "l"), "llama"), max_total_tokens=256, max_running_requests=4,
                     disable_tqdm=True)
-    assert r.mamba_pool is None
+    assert r.memory.mamba_pool is None
 
 
 def test_pd_kv_args_describe_the_pool_slot_by_slot():

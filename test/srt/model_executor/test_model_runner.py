@@ -34,22 +34,22 @@ def test_server_args_object_and_pool_shapes(model_dir, caplog):
     with caplog.at_level(logging.INFO):
         r = ModelRunner(ModelConfig.from_path(model_dir), args)
     assert r.server_args is args
-    assert (r.device, r.page_size, r.dtype) == ("cpu", 16, torch.float32)
-    assert r.max_total_num_tokens == 992  # page-aligned down
-    assert r.max_running_requests == 5 and r.req_to_token_pool.size == 5
+    assert (r.device, r.memory.page_size, r.dtype) == ("cpu", 16, torch.float32)
+    assert r.memory.max_total_num_tokens == 992  # page-aligned down
+    assert r.memory.max_running_requests == 5 and r.memory.req_to_token_pool.size == 5
     assert r.model_config.context_len == 300
-    assert tuple(r.req_to_token_pool.req_to_token.shape) == (5, 304)
-    pool = r.token_to_kv_pool
+    assert tuple(r.memory.req_to_token_pool.req_to_token.shape) == (5, 304)
+    pool = r.memory.token_to_kv_pool
     assert pool.layer_ids == [0, 1, 2, 3]
     assert tuple(pool.get_key_buffer(3).shape) == (992 + 16, 2, 16)
-    assert r.token_to_kv_pool_allocator.available_size() == 992
+    assert r.memory.allocator.available_size() == 992
     assert isinstance(r.attn_backend, TorchNativeAttnBackend)
     assert "KV Cache is allocated. #tokens: 992, K size: 0.00 GB, V size: 0.00 GB" in caplog.text
     assert "#tokens in KV pool: 992" in caplog.text
     assert "Load weight end. type=Qwen3ForCausalLM, dtype=torch.float32" in caplog.text
     # keyword overrides win over the object
     r2 = ModelRunner(model_dir, args, page_size=1, max_total_tokens=40)
-    assert (r2.page_size, r2.max_total_num_tokens) == (1, 40)
+    assert (r2.memory.page_size, r2.memory.max_total_num_tokens) == (1, 40)
 
 
 def test_pool_sized_from_memory_fraction(model_dir):
@@ -58,16 +58,16 @@ def test_pool_sized_from_memory_fraction(model_dir):
     per_token = 4 * 2 * 16 * 2 * 4  # layers * kv_heads * head_dim * (K+V) * fp32
     assert r.kv_bytes_per_token() == per_token
     expected = frac * psutil.virtual_memory().available / per_token
-    assert r.max_total_num_tokens % 16 == 0
-    assert abs(r.max_total_num_tokens - expected) < 0.05 * expected + 16
+    assert r.memory.max_total_num_tokens % 16 == 0
+    assert abs(r.memory.max_total_num_tokens - expected) < 0.05 * expected + 16
 
 
 def test_default_max_running_requests(model_dir):
     r = ModelRunner(model_dir, max_total_tokens=64, disable_tqdm=True)
     # upstream's rule min(max(tokens / context_len * 512, 2048), 4096), bounded by the pool
-    assert r.max_running_requests == 64
+    assert r.memory.max_running_requests == 64
     r = ModelRunner(model_dir, max_total_tokens=8192, disable_tqdm=True, context_length=128)
-    assert r.max_running_requests == 4096 and r.req_to_token_pool.size == 4096
+    assert r.memory.max_running_requests == 4096 and r.memory.req_to_token_pool.size == 4096
 
 
 def test_unsupported_architecture_fails_at_start(model_dir, tmp_path):
@@ -92,9 +92,9 @@ def test_greedy_generation_equals_hf_generate(model_dir, page_size):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(prompt):].tolist()
     r = ModelRunner(model_dir, max_total_tokens=256, page_size=page_size, disable_tqdm=True)
-    free0 = r.token_to_kv_pool_allocator.available_size()
+    free0 = r.memory.allocator.available_size()
     assert greedy_generate(r, prompt, 12) == ref
-    assert r.token_to_kv_pool_allocator.available_size() == free0  # helper returned every slot
+    assert r.memory.allocator.available_size() == free0  # helper returned every slot
 
 
 def test_idle_batch_returns_empty_logits(model_dir):
@@ -112,14 +112,14 @@ def test_hybrid_swa_pool_is_opt_in(model_dir, caplog):
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
     r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True, disable_hybrid_swa_memory=True)
-    assert not r.is_hybrid_swa and isinstance(r.token_to_kv_pool, MHATokenToKVPool)
+    assert not r.memory.is_hybrid_swa and isinstance(r.memory.token_to_kv_pool, MHATokenToKVPool)
     with caplog.at_level(logging.INFO):
         r = ModelRunner(model_dir, max_total_tokens=160, page_size=16, disable_tqdm=True)
-    assert r.is_hybrid_swa and isinstance(r.token_to_kv_pool, SWAKVPool)
-    assert r.swa_max_total_num_tokens == 128  # 0.8 x 160, page-aligned down
-    assert r.token_to_kv_pool.swa_layer_ids == [0, 2] and r.token_to_kv_pool.full_layer_ids == [1, 3]
+    assert r.memory.is_hybrid_swa and isinstance(r.memory.token_to_kv_pool, SWAKVPool)
+    assert r.memory.swa_max_total_num_tokens == 128  # 0.8 x 160, page-aligned down
+    assert r.memory.token_to_kv_pool.swa_layer_ids == [0, 2] and r.memory.token_to_kv_pool.full_layer_ids == [1, 3]
     assert "[full] KV Cache is allocated. #tokens: 160" in caplog.text
     assert "[swa] KV Cache is allocated. #tokens: 128" in caplog.text
     r = ModelRunner(model_dir, max_total_tokens=160, disable_tqdm=True,
                     disable_hybrid_swa_memory=True)
-    assert not r.is_hybrid_swa
+    assert not r.memory.is_hybrid_swa

@@ -43,7 +43,7 @@ class HybridDriver(ManualDriver):
 
     def new_request(self, token_ids: Sequence[int]) -> ManualRequest:
         req = super().new_request(token_ids)
-        pool = self.real_runner.mamba_pool
+        pool = self.real_runner.memory.mamba_pool
         slot = pool.alloc(1)[0]
         for _ in range(self.slot_stride - 1):  # keep a gap before the next request's slot
             gap = pool.alloc(1)
@@ -56,11 +56,11 @@ class HybridDriver(ManualDriver):
     def free(self, req: ManualRequest) -> None:
         slot = self.slot_of_row.pop(req.req_pool_idx)
         super().free(req)
-        self.real_runner.mamba_pool.free(slot)
+        self.real_runner.memory.mamba_pool.free(slot)
 
     def release_spacers(self) -> None:
         if self._spacers:
-            self.real_runner.mamba_pool.free(self._spacers)
+            self.real_runner.memory.mamba_pool.free(self._spacers)
             self._spacers = []
 
 

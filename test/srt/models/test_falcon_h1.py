@@ -38,9 +38,9 @@ def runner(falcon_dir):
 def test_every_layer_has_kv_and_mamba_state(runner):
     cfg = ModelConfig.from_path(runner.model_config.model_path)
     assert cfg.is_hybrid_ssm and cfg.attention_layer_ids == [0, 1]
-    assert runner.token_to_kv_pool.layer_ids == [0, 1]
-    assert runner.mamba_pool.num_mamba_layers == 2
-    assert tuple(runner.mamba_pool.ssm_state.shape[2:]) == (8, 8, 16)
+    assert runner.memory.token_to_kv_pool.layer_ids == [0, 1]
+    assert runner.memory.mamba_pool.num_mamba_layers == 2
+    assert tuple(runner.memory.mamba_pool.ssm_state.shape[2:]) == (8, 8, 16)
 
 
 def test_prefill_and_decode_match_hf(hf_falcon, runner):
@@ -63,7 +63,7 @@ def test_ragged_batch_then_batched_decode_in_scattered_slots(falcon_dir, hf_falc
     prompts = [random_prompt(n, seed=20 + n) for n in (3, 30, 9, 17)]
     refs = [hf_reference(hf_falcon, p, 4) for p in prompts]
     runner = _runner(falcon_dir, page_size=16, max_mamba_cache_size=16)
-    assert runner.mamba_pool.size == 16
+    assert runner.memory.mamba_pool.size == 16
     traces = hybrid_batch_logits(runner, prompts, [r.tokens for r in refs], slot_stride=3)
     for ours, ref in zip(traces, refs):
         assert_trace_close(ours, ref)

@@ -76,7 +76,7 @@ def test_bfloat16_runs_close_to_fp32(llama_dir):
     fp32 = our_logits(_runner(llama_dir), prompt, [])
     runner = _runner(llama_dir, dtype="bfloat16")
     assert runner.dtype == torch.bfloat16
-    assert runner.token_to_kv_pool.dtype == torch.bfloat16
+    assert runner.memory.token_to_kv_pool.dtype == torch.bfloat16
     bf16 = our_logits(runner, prompt, [])
     assert bf16.prefill.dtype == torch.float32
     assert (bf16.prefill - fp32.prefill).abs().max() < 0.1

@@ -50,10 +50,10 @@ def test_model_config_reads_transformers5_layers_block_type(nemo_dir):
 
 
 def test_runner_builds_kv_only_for_attention_layers_and_a_mamba_pool(runner):
-    assert runner.token_to_kv_pool.layer_ids == [1, 5]
-    pool = runner.mamba_pool
+    assert runner.memory.token_to_kv_pool.layer_ids == [1, 5]
+    pool = runner.memory.mamba_pool
     assert pool.num_mamba_layers == PATTERN.count("M")
-    assert pool.size == runner.max_running_requests == 8
+    assert pool.size == runner.memory.max_running_requests == 8
     assert tuple(pool.conv_state.shape) == (3, 9, 64 + 2 * 2 * 16, 3)
     assert tuple(pool.ssm_state.shape) == (3, 9, 8, 8, 16)
 
@@ -130,8 +130,8 @@ def test_bfloat16_runs_close_to_fp32(nemo_dir, runner):
     prompt = random_prompt(30, seed=10)
     fp32 = hybrid_logits(runner, prompt, [])
     bf16_runner = _runner(nemo_dir, dtype="bfloat16")
-    assert bf16_runner.mamba_pool.conv_state.dtype == torch.bfloat16
-    assert bf16_runner.mamba_pool.ssm_state.dtype == torch.float32  # the checkpoint's mamba_ssm_cache_dtype
+    assert bf16_runner.memory.mamba_pool.conv_state.dtype == torch.bfloat16
+    assert bf16_runner.memory.mamba_pool.ssm_state.dtype == torch.float32  # the checkpoint's mamba_ssm_cache_dtype
     bf16 = hybrid_logits(bf16_runner, prompt, [1, 2])
     assert bf16.prefill.dtype == torch.float32
     assert (bf16.prefill - fp32.prefill).abs().max() < 0.15
@@ -142,7 +142,7 @@ def test_fresh_request_ignores_stale_slot_state(runner):
     """A request without a cached prefix never reads its slot, whatever the slot holds."""
     prompt = random_prompt(20, seed=5)
     clean = hybrid_logits(runner, prompt, [])
-    pool = runner.mamba_pool
+    pool = runner.memory.mamba_pool
     pool.conv_state.fill_(3.0)
     pool.ssm_state.fill_(-7.0)
     drv = HybridDriver(runner)
@@ -167,7 +167,7 @@ def test_greedy_tokens_match_hf_generate(hf_nemo, runner):
 def test_states_live_in_the_requests_slot(runner):
     """Prefill writes the final conv/SSM state of every Mamba layer into the request's slot
     and nowhere else; decode advances that slot."""
-    pool = runner.mamba_pool
+    pool = runner.memory.mamba_pool
     pool.conv_state.zero_()
     pool.ssm_state.zero_()
     drv = HybridDriver(runner, slot_stride=2)
@@ -199,7 +199,7 @@ def test_padding_rows_leave_every_slot_alone(hf_nemo, runner, mode):
     try:
         if mode == "decode":
             drv.extend([ra, rb], [a, b])
-        pool = runner.mamba_pool
+        pool = runner.memory.mamba_pool
         pool.conv_state[:, 0] = 5.0  # padding slot: must stay as is
         pool.ssm_state[:, 0] = 5.0
         snap_c, snap_s = pool.conv_state.clone(), pool.ssm_state.clone()
@@ -223,16 +223,16 @@ def test_padding_rows_leave_every_slot_alone(hf_nemo, runner, mode):
 def test_missing_mamba_indices_is_a_clear_error(runner):
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
-    rows = runner.req_to_token_pool.alloc(1)
-    loc = runner.token_to_kv_pool_allocator.alloc_extend([0], [3], [0])
-    runner.req_to_token_pool.write(rows[0], 0, loc)
+    rows = runner.memory.req_to_token_pool.alloc(1)
+    loc = runner.memory.allocator.alloc_extend([0], [3], [0])
+    runner.memory.req_to_token_pool.write(rows[0], 0, loc)
     try:
         fb = ForwardBatch.for_extend([[1, 2, 3]], [0], rows, loc)
         with pytest.raises(ValueError, match="mamba_pool_indices"):
             runner.forward(fb)
     finally:
-        runner.token_to_kv_pool_allocator.free(loc)
-        runner.req_to_token_pool.free(rows[0])
+        runner.memory.allocator.free(loc)
+        runner.memory.req_to_token_pool.free(rows[0])
 
 
 @pytest.mark.parametrize("overrides", [
@@ -265,6 +265,6 @@ def test_moe_blocks_match_hf(tmp_path, extra):
     prompt = random_prompt(21, seed=6)
     ref = hf_reference(hf, prompt, 4)
     runner = _runner(path)
-    assert runner.token_to_kv_pool.layer_ids == [2]
+    assert runner.memory.token_to_kv_pool.layer_ids == [2]
     assert_trace_close(hybrid_logits(runner, prompt, ref.tokens), ref)
     assert_trace_close(hybrid_logits(runner, prompt, ref.tokens, chunk_size=6), ref)

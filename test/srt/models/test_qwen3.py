@@ -88,9 +88,9 @@ def test_qwen3_hybrid_swa_pool_reads_only_the_window(swa_dir, hf_swa, page_size)
 
     runner = ModelRunner(swa_dir, max_total_tokens=512, page_size=page_size, max_running_requests=4,
                          disable_tqdm=True, swa_full_tokens_ratio=0.5)
-    assert runner.is_hybrid_swa and isinstance(runner.token_to_kv_pool, SWAKVPool)
-    assert runner.swa_max_total_num_tokens == 256
-    alloc = runner.token_to_kv_pool_allocator
+    assert runner.memory.is_hybrid_swa and isinstance(runner.memory.token_to_kv_pool, SWAKVPool)
+    assert runner.memory.swa_max_total_num_tokens == 256
+    alloc = runner.memory.allocator
     # Hold a few SWA pages so that full and SWA slot numbers differ (translation is not identity).
     held = alloc.swa_attn_allocator.alloc(3 * page_size)
     window = 8
@@ -105,7 +105,7 @@ def test_qwen3_hybrid_swa_pool_reads_only_the_window(swa_dir, hf_swa, page_size)
         # the next query (position kv_len) needs keys at positions >= kv_len + 1 - window
         upto = max(0, req.kv_len + 1 - window) // page_size * page_size
         if upto > freed:
-            alloc.free_swa(runner.req_to_token_pool.req_to_token[req.req_pool_idx, freed:upto].clone())
+            alloc.free_swa(runner.memory.req_to_token_pool.req_to_token[req.req_pool_idx, freed:upto].clone())
             freed = upto
 
     prefill = []

@@ -127,52 +127,15 @@ class ModelRunner:
         self.attention_backend_name = backend_name
         self.attn_backend = create_attention_backend(backend_name, inputs)
 
-    # The pools, as the memory manager owns them (read-only views for the forward and tests).
-    @property
-    def req_to_token_pool(self):
-        return self.memory.req_to_token_pool
-
-    @property
-    def token_to_kv_pool(self):
-        return self.memory.token_to_kv_pool
-
-    @property
-    def token_to_kv_pool_allocator(self):
-        return self.memory.allocator
-
-    @property
-    def mamba_pool(self):
-        return self.memory.mamba_pool
-
-    @property
-    def max_total_num_tokens(self) -> int:
-        return self.memory.max_total_num_tokens
-
-    @property
-    def max_running_requests(self) -> int:
-        return self.memory.max_running_requests
-
-    @property
-    def page_size(self) -> int:
-        return self.memory.page_size
-
-    @property
-    def is_hybrid_swa(self) -> bool:
-        return self.memory.is_hybrid_swa
-
-    @property
-    def swa_max_total_num_tokens(self):
-        return self.memory.swa_max_total_num_tokens
-
     def kv_bytes_per_token(self) -> int:
         return self.memory.kv_bytes_per_token()
 
     # ---- forward ------------------------------------------------------------------------
     def forward(self, forward_batch) -> LogitsProcessorOutput:
-        forward_batch.req_to_token_pool = self.req_to_token_pool
-        forward_batch.token_to_kv_pool = self.token_to_kv_pool
+        forward_batch.req_to_token_pool = self.memory.req_to_token_pool
+        forward_batch.token_to_kv_pool = self.memory.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
-        forward_batch.mamba_pool = self.mamba_pool
+        forward_batch.mamba_pool = self.memory.mamba_pool
         if forward_batch.batch_size == 0 or forward_batch.num_tokens == 0:  # IDLE: nothing to run
             empty = torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
             return LogitsProcessorOutput(next_token_logits=empty,
