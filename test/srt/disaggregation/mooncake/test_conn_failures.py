@@ -97,17 +97,24 @@ def test_receiver_abort_fails_sender(pair):
     assert _reason(rcv) == "KVTransferError(bootstrap_room=5): Aborted by AbortReq."
 
 
-def test_transfer_to_unregistered_address_fails(pair):
-    snd, rcv = pair.bootstrapped_pair(6, [8, 9], aux_index=3)
-    # decode's KV memory is no longer registered with its engine: the write must be refused
-    pair.decode.manager.engine.batch_deregister(pair.decode.kv_args.kv_data_ptrs)
-    snd.init(2, aux_index=3)
-    snd.send(np.array([1, 2], np.int32))
-    assert wait_poll(snd, DONE, 10) == KVPoll.Failed
-    assert wait_poll(rcv, DONE, 3) == KVPoll.Failed
-    reason = _reason(rcv)
-    assert "Failed to send KV chunk of request 6" in reason and "batch_transfer_sync_write returned -" in reason
-    assert not pair.decode.page(0, 8).any()
+def test_transfer_to_unregistered_address_fails(short_timeouts, monkeypatch):
+    # Mooncake's refusals plus the sender's retries can take longer than 1 s: decode must learn the
+    # failure from prefill, so its own waiting timeout may not end the request first (CI race).
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "30")
+    pair = PDPair(page_size=2, num_pages=16)
+    try:
+        snd, rcv = pair.bootstrapped_pair(6, [8, 9], aux_index=3)
+        # decode's KV memory is no longer registered with its engine: the write must be refused
+        pair.decode.manager.engine.batch_deregister(pair.decode.kv_args.kv_data_ptrs)
+        snd.init(2, aux_index=3)
+        snd.send(np.array([1, 2], np.int32))
+        assert wait_poll(snd, DONE, 10) == KVPoll.Failed
+        assert wait_poll(rcv, DONE, 3) == KVPoll.Failed
+        reason = _reason(rcv)
+        assert "Failed to send KV chunk of request 6" in reason and "batch_transfer_sync_write returned -" in reason
+        assert not pair.decode.page(0, 8).any()
+    finally:
+        pair.close()
 
 
 def test_waiting_timeout_on_decode(pair):
