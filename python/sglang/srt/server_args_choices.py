@@ -111,3 +111,8 @@ HICACHE_STORAGE_PREFETCH_POLICY_CHOICES = ["best_effort", "wait_complete", "time
 MAMBA_SSM_DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
 LOG_REQUESTS_LEVEL_CHOICES = [0, 1, 2, 3]
+
+GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
+# Upstream: ["auto"] + the parsers it has; these are the ones this fork implements.
+TOOL_CALL_PARSER_CHOICES = ["auto", "qwen25", "qwen", "hermes", "llama3", "pythonic", "mistral"]
+REASONING_PARSER_CHOICES = ["auto", "deepseek-r1", "qwen3", "qwen3-thinking"]

@@ -36,6 +36,7 @@ NO_EFFECT_FIELDS = {
     "file_storage_path": "no file API",
     "enable_streaming_session": "no sessions API",
     "sleep_on_idle": "the scheduler always sleeps on its socket when idle",
+    "constrained_json_whitespace_pattern": "outlines only; xgrammar has --constrained-json-max-whitespace-cnt",
     "show_time_cost": "no per-stage timers",
     "disable_priority_preemption": "priority scheduling orders the queue but never preempts",
     "priority_scheduling_preemption_threshold": "priority scheduling never preempts",

@@ -129,6 +129,36 @@ class ServingFields:
         300, "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server will crash to prevent hanging."
     )
     sleep_on_idle: bool = arg(False, "Reduce CPU usage when sglang is idle.")
+    grammar_backend: Optional[str] = arg(
+        None,
+        "Choose the backend for grammar-guided decoding (json_schema, regex, ebnf, structural_tag). Defaults "
+        "to xgrammar. Fork: outlines and llguidance are not installed; they warn at start and use xgrammar.",
+        choices=C.GRAMMAR_BACKEND_CHOICES,
+    )
+    constrained_json_whitespace_pattern: Optional[str] = arg(
+        None, "(outlines backend only) Regex pattern for syntactic whitespaces allowed in JSON constrained output."
+    )
+    constrained_json_disable_any_whitespace: bool = arg(
+        False, "(xgrammar backend only) Enforce compact representation in JSON constrained output."
+    )
+    constrained_json_max_whitespace_cnt: Optional[int] = arg(
+        None, "(xgrammar backend only) Maximum number of consecutive whitespace characters allowed in JSON constrained output."
+    )
+    tool_call_parser: Optional[str] = arg(
+        None,
+        "Specify the parser for handling tool-call interactions. 'auto' picks one from the model's architecture.",
+        choices=C.TOOL_CALL_PARSER_CHOICES,
+    )
+    reasoning_parser: Optional[str] = arg(
+        None,
+        "Specify the parser for reasoning models (splits <think> sections into reasoning_content). 'auto' picks "
+        "one from the model's architecture.",
+        choices=C.REASONING_PARSER_CHOICES,
+    )
+    enable_custom_logit_processor: bool = arg(
+        False,
+        "Enable users to pass custom logit processors to the server (disabled by default for security).",
+    )
 
 
 @dataclasses.dataclass

@@ -270,6 +270,17 @@ def page_size_default(sa) -> None:
         sa._declare("_page_size_default", page_size=1)
 
 
+def grammar_backend_default(sa) -> None:
+    """Upstream defaults --grammar-backend to xgrammar; outlines/llguidance are not installed in
+    this fork, so they say so and use xgrammar (same request surface, same constraints)."""
+    backend = sa._view().grammar_backend
+    if backend is None:
+        sa._declare("_grammar_backend_default", grammar_backend="xgrammar")
+    elif backend in ("outlines", "llguidance"):
+        logger.warning("--grammar-backend %s is not available in this server; using xgrammar", backend)
+        sa._declare("_grammar_backend_default", grammar_backend="xgrammar")
+
+
 # --------------------------------------------------------------------------------------------
 # Hierarchical cache, load balancing, cache compatibility
 # --------------------------------------------------------------------------------------------
@@ -417,6 +428,7 @@ RESOLUTION_PIPELINE = (
     sampling_backend_default,
     handle_attention_backend_compatibility,
     page_size_default,
+    grammar_backend_default,
     handle_hicache,
     handle_load_balance_method,
     handle_cache_compatibility,

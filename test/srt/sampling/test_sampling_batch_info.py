@@ -127,12 +127,21 @@ def test_padded_logits_width():
     assert logits[0, 1] == 1.0 and logits[0, V:].eq(0).all()
 
 
-def test_vocab_mask_blocks_tokens():
-    info = SamplingBatchInfo.from_reqs([Req(SamplingParams(), [0])], V)
+def test_vocab_mask_blocks_tokens_after_penalties_before_logit_bias():
+    """The grammar mask goes through the backend's apply function, between penalties and logit_bias."""
+    info = SamplingBatchInfo.from_reqs([Req(SamplingParams(presence_penalty=1.0, logit_bias={"7": 3.0}), [0], [2])], V)
+    seen = []
+
+    def apply(logits, mask):
+        seen.append(float(logits[0, 2]))  # the presence penalty is already applied
+        logits.masked_fill_(mask, float("-inf"))
+
     info.vocab_mask = torch.zeros(1, V, dtype=torch.bool)
     info.vocab_mask[0, 5:] = True
-    logits = torch.randn(1, V)
+    info.apply_mask_func = apply
+    logits = torch.zeros(1, V)
     info.apply_logits_bias(logits)
+    assert seen == [-1.0]
     assert torch.isinf(logits[0, 5:]).all() and torch.isfinite(logits[0, :5]).all()
 
 

@@ -45,6 +45,7 @@ class Req:
         priority: Optional[int] = None,
         vocab_size: Optional[int] = None,
         token_ids_logprob: Optional[List[int]] = None,
+        custom_logit_processor: Optional[str] = None,
     ):
         self.rid = rid
         self.origin_input_text = origin_input_text
@@ -60,6 +61,7 @@ class Req:
         self.priority = priority
         self.vocab_size = vocab_size
         self.token_ids_logprob = token_ids_logprob
+        self.custom_logit_processor = custom_logit_processor  # serialized CustomLogitProcessor, or None
         self.arrival_time = time.monotonic()
         self.queue_time_start = self.arrival_time  # entered the waiting queue (again, after a retraction)
         self.forward_entry_time: Optional[float] = None  # first scheduled into a batch
@@ -107,8 +109,10 @@ class Req:
         self.sent_kv_len = 0  # prefill: tokens whose KV pages were handed to the sender
         # Decode retraction: where the KV (and Mamba state) wait until the request resumes.
         self.retraction_backup: Optional[Any] = None
-        # Structured output (reserved for the grammar backend: the matcher of this request).
+        # Structured output (constrained/): this request's matcher, set when its grammar is
+        # compiled, and how many output tokens it has accepted (`advance_grammar`).
         self.grammar: Optional[Any] = None
+        self.grammar_accepted = 0
 
     @property
     def kv_committed_len(self) -> int:
@@ -149,10 +153,28 @@ class Req:
         self.mamba_pool_idx = None  # freed with the KV; the re-prefill (or resume) gets a new one
         self.is_chunked = 0
 
+    def advance_grammar(self) -> None:
+        """Feeds the matcher the output tokens it has not seen (idempotent). The tokens may come
+        from this server's sampler or, on a PD decode server, from the prefill server."""
+        grammar = self.grammar
+        if grammar is None:
+            return
+        while self.grammar_accepted < len(self.output_ids) and not grammar.is_terminated():
+            token = self.output_ids[self.grammar_accepted]
+            self.grammar_accepted += 1
+            try:
+                grammar.accept_token(token)
+            except ValueError as e:
+                self.to_abort = FINISH_ABORT(
+                    f"Grammar accept_token failed for req {self.rid} with token {token}: {e}", 500,
+                    "InternalServerError")
+                return
+
     # --- finish checks -------------------------------------------------------------------
     def check_finished(self) -> None:
         if self.finished():
             return
+        self.advance_grammar()
         if self.to_abort is not None:
             self.finished_reason = self.to_abort
             return
@@ -163,6 +185,9 @@ class Req:
         if not self.output_ids:
             return
         last = self.output_ids[-1]
+        if self.grammar is not None and self.grammar.is_terminated():  # upstream: before stop tokens
+            self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
+            return
         if len(self.output_ids) > sp.min_new_tokens:
             stop_ids = set(sp.stop_token_ids or ())
             if not sp.ignore_eos:

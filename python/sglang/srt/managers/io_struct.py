@@ -92,6 +92,7 @@ class TokenizedGenerateReqInput:
     bootstrap_room: Optional[int] = None
     priority: Optional[int] = None
     extra_key: Optional[str] = None
+    custom_logit_processor: Optional[str] = None  # CustomLogitProcessor.to_str() (--enable-custom-logit-processor)
 
 
 @dataclass

@@ -17,13 +17,9 @@ from sglang.srt.managers.io_struct import GenerateReqInput, TokenizedGenerateReq
 logger = logging.getLogger(__name__)
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # same value as disaggregation.utils (which imports torch)
-STRUCTURED_OUTPUT_UNSUPPORTED = (
-    "Structured output (regex, json_schema, ebnf, structural_tag, response_format json_object/json_schema) "
-    "is not supported by this server yet."
-)
-CUSTOM_LOGIT_PROCESSOR_UNSUPPORTED = (
-    "custom_logit_processor is not supported by this server yet (upstream needs "
-    "--enable-custom-logit-processor for it)."
+CUSTOM_LOGIT_PROCESSOR_DISABLED = (
+    "The server is not configured to enable custom logit processor. Please set "
+    "`--enable-custom-logit-processor` to enable this feature."
 )
 
 
@@ -48,12 +44,16 @@ class RequestValidator:
         except TypeError as e:  # an unknown key (upstream's own TypeError text) or an unhashable value
             raise ValueError(f"Invalid sampling parameters: {e}") from None
         sp.check_types()
-        if any(v is not None for v in (sp.json_schema, sp.regex, sp.ebnf, sp.structural_tag)):
-            raise ValueError(STRUCTURED_OUTPUT_UNSUPPORTED)
         sp.normalize(self.tokenizer)
         sp.verify(self.vocab_size)
         if obj.custom_logit_processor:
-            raise ValueError(CUSTOM_LOGIT_PROCESSOR_UNSUPPORTED)
+            if not self.server_args.enable_custom_logit_processor:
+                raise ValueError(CUSTOM_LOGIT_PROCESSOR_DISABLED)
+            if not isinstance(obj.custom_logit_processor, str):
+                raise ValueError("custom_logit_processor must be the string CustomLogitProcessor.to_str() returns.")
+            from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+            CustomLogitProcessor.from_str(obj.custom_logit_processor)  # a 400 now, not a failed batch later
         logprob_start_len = -1 if obj.logprob_start_len is None else obj.logprob_start_len
         top_logprobs_num = obj.top_logprobs_num or 0
         if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
@@ -78,6 +78,7 @@ class RequestValidator:
             bootstrap_room=obj.bootstrap_room,
             priority=priority,
             extra_key=_combine_extra_key(obj.extra_key, obj.cache_salt),
+            custom_logit_processor=obj.custom_logit_processor or None,
         )
 
     # --- prompt ----------------------------------------------------------------------------------

@@ -74,6 +74,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             if self.tokenizer.eos_token_id is not None:
                 self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.sampler = Sampler()
+        self.grammar_manager = _build_grammar_manager(sa, self.tokenizer, self.model_config.vocab_size,
+                                                      self.eos_token_ids)
 
         self.waiting_queue: List[Req] = []
         self.running_reqs: List[Req] = []
@@ -102,6 +104,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def close(self) -> None:
         """Stops the role's transfer threads and sockets (in-process schedulers: tests, tools)."""
         self.role.close()
+        if self.grammar_manager is not None:
+            self.grammar_manager.backend.shutdown()
 
     def emit(self, reqs: List[Req]) -> None:
         """Queues the outputs of these requests (new tokens, finish) for the detokenizer."""
@@ -109,13 +113,15 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     # --- one iteration -----------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_reqs or self.chunked_req) or self.role.has_work()
+        return (bool(self.waiting_queue or self.running_reqs or self.chunked_req) or self.role.has_work()
+                or bool(self.grammar_manager and self.grammar_manager.queue))
 
     def step(self) -> List[BatchTokenIDOutput]:
         """Runs one batch (prefill if anything can be admitted, else decode). Returns outputs to send."""
         self.in_flight = []
         self.abort_timed_out()
         self._drop_aborted_running()
+        self.move_ready_grammar_requests()
         self.role.process()
         batch = self.get_new_prefill_batch()
         if batch is not None:
@@ -386,6 +392,13 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         if not reqs:
             return [], None
         info = SamplingBatchInfo.from_reqs(reqs, self.model_config.vocab_size, self.device)
+        if self.grammar_manager is not None:
+            info.vocab_mask = self.grammar_manager.vocab_mask_for(reqs)
+            info.apply_mask_func = self.grammar_manager.backend.apply_vocab_mask
+        if any(r.custom_logit_processor for r in reqs):
+            from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors
+
+            info.apply_custom_logit_processors = lambda logits: apply_custom_logit_processors(logits, reqs)
         want = any(r.return_logprob for r in reqs)
         token_ids = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
         out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
@@ -438,6 +451,14 @@ def _build_memory(server_args, model_runner):
         mamba_pool=memory.mamba_pool,
     ))
     return memory
+
+
+def _build_grammar_manager(server_args, tokenizer, vocab_size: int, eos_token_ids):
+    """The grammar queue over --grammar-backend (None: constrained requests get a 400)."""
+    from sglang.srt.constrained.grammar_manager import GrammarManager, create_grammar_backend
+
+    backend = create_grammar_backend(server_args, tokenizer, vocab_size, eos_token_ids)
+    return GrammarManager(backend) if backend is not None else None
 
 
 def set_random_seed(seed: Optional[int]) -> None:

@@ -23,6 +23,8 @@ from sglang.srt.core.finish_reason import (
     RUNNING_TIMEOUT_MESSAGE,
 )
 from sglang.srt.core.req import Req
+from sglang.srt.constrained.base_grammar_backend import grammar_key
+from sglang.srt.constrained.grammar_manager import GRAMMAR_BACKEND_NONE_MESSAGE
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class SchedulerIntakeMixin:
             priority=recv.priority,
             vocab_size=self.model_config.vocab_size,
             token_ids_logprob=recv.token_ids_logprob,
+            custom_logit_processor=recv.custom_logit_processor,
         )
         req.tokenizer = self.tokenizer
         return req
@@ -101,12 +104,32 @@ class SchedulerIntakeMixin:
                                 self.max_req_len - len(req.origin_input_ids) - 1)
         if req.to_abort is None and self.queue_is_full():
             req.to_abort = FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable")
+        constrained = req.to_abort is None and grammar_key(sp) is not None
+        if constrained and self.grammar_manager is None:
+            req.to_abort = FINISH_ABORT(GRAMMAR_BACKEND_NONE_MESSAGE, 400, "BadRequestError")
         if req.to_abort is not None:
-            self.reject_rooms(recv.bootstrap_host, recv.bootstrap_port, [recv.bootstrap_room],
-                              req.to_abort.message, req.to_abort.status_code)  # the PD peer must not wait
-            self.finish_unscheduled(req)
+            self._refuse(req, recv)
+        elif constrained:
+            self.grammar_manager.submit(req, recv)  # joins the role's queue once its grammar is ready
         else:
             self.role.add(req, recv)  # plain: the waiting queue; PD: the role's first queue
+
+    def _refuse(self, req: Req, recv: TokenizedGenerateReqInput) -> None:
+        self.reject_rooms(recv.bootstrap_host, recv.bootstrap_port, [recv.bootstrap_room],
+                          req.to_abort.message, req.to_abort.status_code)  # the PD peer must not wait
+        self.finish_unscheduled(req)
+
+    def move_ready_grammar_requests(self) -> None:
+        """Constrained requests whose grammar is compiled go on; a bad spec or a timeout is a 400."""
+        if self.grammar_manager is None or not self.grammar_manager.queue:
+            return
+        idle = not (self.waiting_queue or self.running_reqs or self.chunked_req or self.role.has_work())
+        ready, failed = self.grammar_manager.poll(wait_s=0.02 if idle else 0.0)
+        for req, recv, message in failed:
+            req.to_abort = FINISH_ABORT(message, 400, "BadRequestError")
+            self._refuse(req, recv)
+        for req, recv in ready:
+            self.role.add(req, recv)
 
     def reject_rooms(self, host, port, rooms, message: str, status_code) -> None:
         """Requests this server refused (here or in its tokenizer): their PD peer is told."""
@@ -133,7 +156,8 @@ class SchedulerIntakeMixin:
 
     def all_reqs(self) -> List[Req]:
         chunked = [self.chunked_req] if self.chunked_req else []
-        return list(self.waiting_queue) + list(self.running_reqs) + chunked + self.role.all_reqs()
+        grammar = self.grammar_manager.reqs() if self.grammar_manager else []
+        return list(self.waiting_queue) + list(self.running_reqs) + chunked + self.role.all_reqs() + grammar
 
     def unqueue(self, req: Req) -> None:
         """Takes `req` out of every queue it is in (its memory is the caller's to release)."""
@@ -142,6 +166,8 @@ class SchedulerIntakeMixin:
                 queue.remove(req)
         if req is self.chunked_req:
             self.chunked_req = None
+        if self.grammar_manager is not None:
+            self.grammar_manager.remove(req)
         self.role.remove(req)
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
@@ -154,6 +180,10 @@ class SchedulerIntakeMixin:
             self.waiting_queue.remove(req)
             req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
             self.memory.release(req)  # a retracted request re-queued on a plain server holds nothing; this is safe
+            self.finish_unscheduled(req)
+        for req in [r for r in (self.grammar_manager.reqs() if self.grammar_manager else []) if hit(r)]:
+            self.grammar_manager.remove(req)  # holds nothing yet
+            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
             self.finish_unscheduled(req)
         for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
             if hit(req) and req.to_abort is None:

@@ -14,7 +14,7 @@ A request only has to expose:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -50,8 +50,12 @@ class SamplingBatchInfo:
     scaling_penalties: Optional[torch.Tensor] = None  # [B, V] repetition scale (1 = untouched)
     min_new_tokens_mask: Optional[torch.Tensor] = None  # [B, V] bool, True -> logit = -inf
     logit_bias: Optional[torch.Tensor] = None  # [B, V] added
-    # Grammar-constrained decoding (filled by whoever owns grammars): True = token disallowed.
-    vocab_mask: Optional[torch.Tensor] = None  # [B, V] bool
+    # Grammar-constrained decoding (upstream's pair): the grammar backend's batch mask and the
+    # function that applies it to the logits (xgrammar: a packed int32 bitmask, 1 bit = allowed).
+    vocab_mask: Optional[torch.Tensor] = None
+    apply_mask_func: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None
+    # --enable-custom-logit-processor: runs the requests' processors on the logits, in place, last.
+    apply_custom_logit_processors: Optional[Callable[[torch.Tensor], None]] = None
 
     @property
     def batch_size(self) -> int:
@@ -171,8 +175,8 @@ class SamplingBatchInfo:
 
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
         """Applies, in place on [B, V] logits: repetition scaling, frequency/presence penalties,
-        the min_new_tokens ban, the grammar mask, then logit_bias (upstream's order: penalties,
-        vocab mask, logit_bias)."""
+        the min_new_tokens ban, the grammar mask, logit_bias (upstream's order: penalties,
+        vocab mask, logit_bias), then custom logit processors (upstream: first step of its sampler)."""
         width = logits.shape[-1]
         if self.scaling_penalties is not None:
             penalties.apply_scaling_penalties(logits, _fit(self.scaling_penalties, width, 1.0))
@@ -181,9 +185,11 @@ class SamplingBatchInfo:
         if self.min_new_tokens_mask is not None:
             logits.masked_fill_(_fit(self.min_new_tokens_mask, width, False), float("-inf"))
         if self.vocab_mask is not None:
-            logits.masked_fill_(_fit(self.vocab_mask, width, False), float("-inf"))
+            self.apply_mask_func(logits, self.vocab_mask)
         if self.logit_bias is not None:
             logits.add_(_fit(self.logit_bias, width, 0.0))
+        if self.apply_custom_logit_processors is not None:
+            self.apply_custom_logit_processors(logits)
 
 
 def _fit(t: torch.Tensor, width: int, pad_value) -> torch.Tensor:

@@ -51,7 +51,11 @@ class UsageInfo(BaseModel):
     reasoning_tokens: Optional[int] = 0
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(BaseModel):
+    """`text`, `json_object`, `json_schema` ({name, schema, strict}) or `structural_tag`
+    (its `structures` / `triggers` are kept as extra fields)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
     type: str = "text"
     json_schema: Optional[Dict[str, Any]] = None
 
@@ -86,7 +90,7 @@ class _SamplingExtensions(_Lenient):
     spaces_between_special_tokens: bool = True
     custom_params: Optional[Dict[str, Any]] = None
     logit_bias: Optional[Dict[str, float]] = None
-    # Structured output: declared so that it is rejected with a clear message (not supported yet).
+    # Structured output (SGLang extensions beside response_format).
     regex: Optional[str] = None
     json_schema: Optional[str] = None
     ebnf: Optional[str] = None

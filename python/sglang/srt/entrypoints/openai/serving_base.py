@@ -21,7 +21,6 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from fastapi.responses import JSONResponse
 
-from sglang.srt.managers.request_validation import STRUCTURED_OUTPUT_UNSUPPORTED
 from sglang.srt.managers.tokenizer_manager import EngineDeadError
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionTokenLogprob,
@@ -130,11 +129,32 @@ def error_from_abort(exc: RequestAborted) -> JSONResponse:
     return create_error_response(exc.message, err_type=str(exc.status_code), status_code=exc.status_code)
 
 
-def uses_structured_output(request) -> bool:
+def structured_output_params(request) -> Dict[str, Any]:
+    """The constraint of an OpenAI request as `sampling_params` fields (upstream's mapping):
+    `response_format` json_schema -> its schema, json_object -> any JSON object, structural_tag ->
+    the whole format object; the `regex` / `json_schema` / `ebnf` / `structural_tag` extensions as
+    given. More than one is refused later by SamplingParams (upstream's message)."""
+    params = {k: getattr(request, k) for k in ("regex", "json_schema", "ebnf", "structural_tag")
+              if getattr(request, k) is not None}
     fmt = request.response_format
-    if fmt is not None and fmt.type not in ("text",):
-        return True
-    return any((request.regex, request.json_schema, request.ebnf, request.structural_tag))
+    if fmt is None or fmt.type == "text":
+        return params
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema or {}
+        schema = spec.get("schema", spec.get("schema_"))
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs a 'json_schema.schema' object.")
+        params["json_schema"] = json.dumps(schema)
+    elif fmt.type == "json_object":
+        params["json_schema"] = '{"type": "object"}'
+    elif fmt.type == "structural_tag":
+        params["structural_tag"] = json.dumps(fmt.model_dump())
+    else:
+        raise ValueError(f"response_format type must be 'text', 'json_object', 'json_schema' or "
+                         f"'structural_tag', got {fmt.type!r}.")
+    if sum(k in params for k in ("regex", "json_schema", "ebnf", "structural_tag")) > 1:
+        raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
+    return params
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -166,6 +186,7 @@ def build_sampling_params(req, max_new_tokens: Optional[int], defaults: Dict[str
         "logit_bias": req.logit_bias,
         "custom_params": req.custom_params,
         "sampling_seed": req.seed,
+        **structured_output_params(req),
     }
     if max_new_tokens is not None:
         params["max_new_tokens"] = max_new_tokens
@@ -321,8 +342,6 @@ class OpenAIServingBase:
         error = self._validate(request)
         if error:
             return create_error_response(error)
-        if uses_structured_output(request):
-            return create_error_response(STRUCTURED_OUTPUT_UNSUPPORTED)
         dead = self.ctx.dead_reason()
         if dead:
             return create_error_response(dead, err_type="ServiceUnavailable", status_code=503)

@@ -1,0 +1,149 @@
+"""Structured output in the scheduler, on a tiny random Llama with the real SmolLM2 tokenizer:
+whatever the random weights prefer, the output is in the grammar's language and ends when the
+grammar does (finish "stop"), through batching, n>1 (one compilation), retraction and bad specs;
+every pool is free afterwards."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test import scheduler_utils
+from sglang.test.scheduler_utils import assert_no_leak, random_prompts, run_to_completion
+from sglang.test.tiny_models import make_tiny_model
+
+REGEX = r'\{"name": "[a-z]{1,8}", "population": [1-9][0-9]{0,5}\}'
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 99},
+        "capital": {"type": "boolean"},
+    },
+    "required": ["city", "rank", "capital"],
+    "additionalProperties": False,
+}
+EBNF = 'root ::= "answer: " ("yes" | "no") " (" [0-9] ")"'
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("tiny_llama_grammar")), "llama", seed=5)
+
+
+def make_scheduler(model_dir, **kw):
+    args = dict(max_total_tokens=4096, chunked_prefill_size=64, page_size=1, max_running_requests=32,
+                constrained_json_disable_any_whitespace=True)
+    args.update(kw)
+    return scheduler_utils.make_scheduler(model_dir, **args)
+
+
+def submit(sched, rid, ids, max_new_tokens=60, **sampling):
+    params = SamplingParams(max_new_tokens=max_new_tokens, **sampling)
+    params.normalize(sched.tokenizer)
+    params.verify(sched.model_config.vocab_size)
+    return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids,
+                                                       sampling_params=params))
+
+
+def text_of(sched, req):
+    return sched.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+
+
+def assert_stopped_by_grammar(sched, req):
+    assert req.finished_reason.to_json()["type"] == "stop", (req.rid, req.finished_reason.to_json())
+    assert req.output_ids[-1] in sched.eos_token_ids  # the grammar ends by allowing only EOS
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_kind_of_constraint_in_one_batch(model_dir, temperature):
+    sched = make_scheduler(model_dir)
+    prompts = random_prompts([5, 17, 33, 64], seed=2)
+    reqs = [
+        submit(sched, "regex", prompts[0], regex=REGEX, temperature=temperature),
+        submit(sched, "json", prompts[1], json_schema=json.dumps(SCHEMA), temperature=temperature),
+        submit(sched, "ebnf", prompts[2], ebnf=EBNF, temperature=temperature),
+        submit(sched, "free", prompts[3], max_new_tokens=12, temperature=temperature, ignore_eos=True),
+    ]
+    run_to_completion(sched)
+    for req in reqs[:3]:
+        assert_stopped_by_grammar(sched, req)
+    assert re.fullmatch(REGEX, text_of(sched, reqs[0])), text_of(sched, reqs[0])
+    jsonschema.validate(json.loads(text_of(sched, reqs[1])), SCHEMA)
+    assert re.fullmatch(r"answer: (yes|no) \([0-9]\)", text_of(sched, reqs[2]))
+    assert len(reqs[3].output_ids) == 12  # the unconstrained row of the batch is untouched
+    assert_no_leak(sched)
+
+
+def test_any_json_object_and_n_requests_share_one_compilation(model_dir):
+    sched = make_scheduler(model_dir, constrained_json_max_whitespace_cnt=1, constrained_json_disable_any_whitespace=False)
+    prompt = random_prompts([9], seed=4)[0]
+    reqs = [submit(sched, f"obj{i}", prompt, max_new_tokens=200, json_schema='{"type": "object", "maxProperties": 1}',
+                   temperature=1.0, sampling_seed=i) for i in range(4)]
+    run_to_completion(sched)
+    assert sched.grammar_manager.backend.cache_size() == 1
+    for req in reqs:
+        if req.finished_reason.to_json()["type"] == "stop":
+            assert isinstance(json.loads(text_of(sched, req)), dict)
+        else:  # a random model may nest deeply: whatever came out is a JSON prefix
+            assert text_of(sched, req).startswith("{")
+    assert_no_leak(sched)
+
+
+def test_grammar_state_survives_retraction(model_dir):
+    # 8 requests x (40 prompt + ~60 output) tokens do not fit into 320 KV slots at once.
+    sched = make_scheduler(model_dir, max_total_tokens=320, chunked_prefill_size=64)
+    prompts = random_prompts([40] * 8, seed=11)
+    long_regex = r"[ab]( [ab]){59}"
+    reqs = [submit(sched, f"q{i}", p, max_new_tokens=130, regex=long_regex) for i, p in enumerate(prompts)]
+    run_to_completion(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    for req in reqs:
+        assert_stopped_by_grammar(sched, req)
+        assert re.fullmatch(long_regex, text_of(sched, req)), (req.rid, text_of(sched, req))
+    assert_no_leak(sched)
+
+
+@pytest.mark.parametrize("kind, spec, words", [
+    ("json_schema", "{not json", "Invalid json_schema"),
+    ("json_schema", '{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}', "Invalid json_schema"),
+    ("regex", "(unclosed", "Invalid regex"),
+    ("ebnf", "root ::= undefined_rule", "Invalid ebnf"),
+])
+def test_bad_spec_is_a_400_and_the_scheduler_goes_on(model_dir, kind, spec, words):
+    sched = make_scheduler(model_dir)
+    bad = submit(sched, "bad", [5, 6, 7], **{kind: spec})
+    good = submit(sched, "good", [5, 6, 7], regex=REGEX)
+    run_to_completion(sched)
+    reason = bad.finished_reason.to_json()
+    assert reason["type"] == "abort" and reason["status_code"] == 400
+    assert words in reason["message"], reason["message"]
+    assert_stopped_by_grammar(sched, good)
+    # the failure is cached: the same bad spec again fails at once, with the same text
+    again = submit(sched, "again", [5, 6, 7], **{kind: spec})
+    run_to_completion(sched)
+    assert again.finished_reason.to_json()["message"] == reason["message"]
+    assert_no_leak(sched)
+
+
+def test_grammar_backend_none_refuses_constraints(model_dir):
+    sched = make_scheduler(model_dir, grammar_backend="none")
+    req = submit(sched, "r", [1, 2, 3], regex="a+")
+    run_to_completion(sched)
+    reason = req.finished_reason.to_json()
+    assert reason["status_code"] == 400 and "--grammar-backend none" in reason["message"]
+    assert_no_leak(sched)
+
+
+def test_abort_while_waiting_for_the_grammar(model_dir):
+    sched = make_scheduler(model_dir)
+    req = submit(sched, "r", [1, 2, 3], json_schema=json.dumps(SCHEMA))
+    assert req in sched.grammar_manager.reqs()
+    sched.abort_request("r")
+    run_to_completion(sched)
+    assert req.finished_reason.to_json()["type"] == "abort"
+    assert not sched.grammar_manager.queue
+    assert_no_leak(sched)
