@@ -8,6 +8,7 @@ Outputs are checked against HF transformers' greedy continuation of the same mod
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -201,10 +202,12 @@ def test_prompt_too_long_is_400(server):
     assert "context length" in r.json()["error"]["message"]
 
 
-def test_structured_output_is_rejected_clearly(server):
-    r = _post(server, "/generate", {"text": "Hi", "sampling_params": {"regex": "[0-9]+"}})
-    assert r.status_code == 400
-    assert "not supported" in r.json()["error"]["message"]
+def test_generate_regex_and_a_bad_regex(server):
+    r = _post(server, "/generate", {"text": "Hi", "sampling_params": {"regex": "[0-9]{1,4}!", "max_new_tokens": 10}})
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(r"[0-9]{1,4}!", r.json()["text"]), r.json()
+    r = _post(server, "/generate", {"text": "Hi", "sampling_params": {"regex": "[0-9"}})
+    assert r.status_code == 400 and "Invalid regex" in r.json()["error"]["message"]
 
 
 def test_bad_field_type_is_400(server):

@@ -14,7 +14,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     completion_logprobs,
     load_model_sampling_defaults,
     usage_from_outputs,
-    uses_structured_output,
+    structured_output_params,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -79,11 +79,24 @@ def test_usage_counts_each_prompt_once_per_n():
     assert usage_from_outputs(outs, n=2).prompt_tokens_details is None
 
 
-def test_structured_output_detection():
-    assert not uses_structured_output(ChatCompletionRequest(messages=MSGS, response_format={"type": "text"}))
-    assert uses_structured_output(ChatCompletionRequest(messages=MSGS, response_format={"type": "json_object"}))
-    assert uses_structured_output(CompletionRequest(prompt="x", regex="a+"))
-    assert uses_structured_output(CompletionRequest(prompt="x", ebnf="root ::= 'a'"))
+def test_structured_output_mapping():
+    """response_format -> sampling_params as upstream: json_schema's schema, json_object -> any object."""
+    assert structured_output_params(ChatCompletionRequest(messages=MSGS, response_format={"type": "text"})) == {}
+    assert structured_output_params(ChatCompletionRequest(messages=MSGS, response_format={"type": "json_object"})) == {
+        "json_schema": '{"type": "object"}'}
+    got = structured_output_params(ChatCompletionRequest(messages=MSGS, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": True}}))
+    assert got == {"json_schema": '{"type": "integer"}'}
+    assert structured_output_params(CompletionRequest(prompt="x", regex="a+")) == {"regex": "a+"}
+    tag = structured_output_params(ChatCompletionRequest(messages=MSGS, response_format={
+        "type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<f>"]}))
+    assert json.loads(tag["structural_tag"])["triggers"] == ["<f>"]
+    for bad, words in [({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema.schema"),
+                       ({"type": "yaml"}, "response_format type must be")]:
+        with pytest.raises(ValueError, match=words):
+            structured_output_params(ChatCompletionRequest(messages=MSGS, response_format=bad))
+    with pytest.raises(ValueError, match="Only one of"):
+        structured_output_params(ChatCompletionRequest(messages=MSGS, regex="a", response_format={"type": "json_object"}))
 
 
 def test_completion_logprobs_shape():

@@ -16,11 +16,21 @@ order, greedy samples of one prompt are identical, a seeded sample is reproducib
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from typing import Any, List, Optional
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "away", "far", "hello", "world", "Paris",
          "1", "2", "3", ",", ".", "!", "\n", "é", "日本", "🙂"]
+
+
+# (sampling key, spec, a regex of the grammar's language) for valid constrained cases.
+GRAMMARS = [
+    ("regex", r"(yes|no)(, [0-9]{1,3}){0,3}", r"(yes|no)(, [0-9]{1,3}){0,3}"),
+    ("ebnf", 'root ::= ("cat" | "dog") (" " [a-z])*', r"(cat|dog)( [a-z])*"),
+    ("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], '
+                    '"additionalProperties": false}', r'\{\s*"a"\s*:\s*-?[0-9]+\s*\}'),
+]
 
 
 @dataclasses.dataclass
@@ -64,6 +74,8 @@ class FuzzCase:
     cut_after: Optional[int] = None  # streams: the client hangs up after this many events
     abort_after: Optional[float] = None  # seconds after sending, /abort_request this rid
     rid: Optional[str] = None
+    # Structured output: the answer's text must fullmatch this when the grammar ended it ("stop").
+    grammar_regex: Optional[str] = None
 
 
 class CaseGenerator:
@@ -130,7 +142,20 @@ class CaseGenerator:
             sp["skip_special_tokens"] = False
         if r.random() < 0.1:
             sp["no_stop_trim"] = True
+        if r.random() < 0.12:
+            self._constrain(case, sp)
         return sp
+
+    def _constrain(self, case: FuzzCase, sp: dict) -> None:
+        """A grammar constraint (the native key; OpenAI builders may turn json into response_format).
+        Stop conditions that would cut the grammar's text short are dropped."""
+        kind, spec, pattern = self.rng.choice(GRAMMARS)
+        for key in ("stop", "stop_token_ids", "stop_regex", "min_new_tokens", "ignore_eos", "skip_special_tokens",
+                    "no_stop_trim"):
+            sp.pop(key, None)
+        case.ignore_eos = False
+        sp[kind] = spec
+        case.grammar_regex = pattern if not self.t.behind_sglang_router else None
 
     # --- one case ---------------------------------------------------------------------------------
     def make(self, index: int) -> FuzzCase:
@@ -204,6 +229,9 @@ class CaseGenerator:
         rename = {"sampling_seed": "seed", "min_new_tokens": "min_tokens"}
         for k, v in sp.items():
             body[rename.get(k, k)] = v
+        if "json_schema" in body and self.rng.random() < 0.6:  # the OpenAI way to ask for it
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": json.loads(body.pop("json_schema"))}}
         budget = max(self._budget(), 1)
         key = "max_completion_tokens" if chat and self.rng.random() < 0.5 else "max_tokens"
         body[key] = budget
@@ -300,7 +328,10 @@ class CaseGenerator:
                 ("bad stop_regex", lambda: sp.__setitem__("stop_regex", "(")),
                 ("logit_bias key not a token id", lambda: sp.__setitem__("logit_bias", {"abc": 1.0})),
                 ("logit_bias id out of vocabulary", lambda: sp.__setitem__("logit_bias", {str(self.t.vocab_size + 7): 1.0})),
-                ("json_schema (structured output)", lambda: sp.__setitem__("json_schema", '{"type": "object"}')),
+                ("json_schema that is not JSON", lambda: sp.__setitem__("json_schema", '{"type": obj')),
+                ("regex that does not compile", lambda: sp.__setitem__("regex", "(unclosed")),
+                ("ebnf with an undefined rule", lambda: sp.__setitem__("ebnf", "root ::= nowhere")),
+                ("two constraints", lambda: sp.update(regex="a+", ebnf='root ::= "a"')),
                 ("input id out of vocabulary", lambda: self._set_prompt(body, {"input_ids": [1, self.t.vocab_size + 3]})),
                 ("negative input id", lambda: self._set_prompt(body, {"input_ids": [-1, 2]})),
                 ("empty input_ids", lambda: self._set_prompt(body, {"input_ids": []})),
@@ -320,7 +351,8 @@ class CaseGenerator:
                 ("max_tokens beyond the context", lambda: body.__setitem__("max_tokens", self.t.context_len * 4)),
                 ("prompt longer than the context", lambda: body.__setitem__("prompt", self._ids(self.t.context_len + 5))),
                 ("prompt id out of vocabulary", lambda: body.__setitem__("prompt", [1, self.t.vocab_size + 9])),
-                ("response_format json_object", lambda: body.__setitem__("response_format", {"type": "json_object"})),
+                ("response_format of an unknown type", lambda: body.__setitem__("response_format", {"type": "yaml"})),
+                ("regex that does not compile", lambda: body.__setitem__("regex", "[a-")),
                 ("prompt of wrong type", lambda: body.__setitem__("prompt", {"x": 1})),
             ]
         elif route == "/v1/chat/completions":
@@ -333,8 +365,11 @@ class CaseGenerator:
                 ("named tool not in tools", lambda: body.update(
                     tools=[{"type": "function", "function": {"name": "f"}}],
                     tool_choice={"type": "function", "function": {"name": "g"}})),
-                ("response_format json_schema", lambda: body.__setitem__(
-                    "response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})),
+                ("response_format json_schema without a schema", lambda: body.__setitem__(
+                    "response_format", {"type": "json_schema", "json_schema": {"name": "x"}})),
+                ("response_format json_schema with an invalid schema", lambda: body.__setitem__(
+                    "response_format", {"type": "json_schema",
+                                        "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}})),
                 ("n 0", lambda: body.__setitem__("n", 0)),
             ]
         else:

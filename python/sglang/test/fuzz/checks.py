@@ -11,6 +11,7 @@ must answer a 4xx with an error message.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, List
 
 from sglang.test.fuzz.cases import FuzzCase
@@ -66,6 +67,16 @@ def _tokens_ok(case: FuzzCase, completion: Any, finish: Any, where: str) -> List
     return out
 
 
+def _in_grammar(case: FuzzCase, text: Any, finish: Any, where: str) -> List[str]:
+    """A constrained answer that the grammar ended ("stop") is in the grammar's language."""
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if case.grammar_regex is None or case.echo or kind != "stop" or not isinstance(text, str):
+        return []
+    if re.fullmatch(case.grammar_regex, text):
+        return []
+    return [f"{where}: {text[:120]!r} is not in the grammar's language {case.grammar_regex!r}"]
+
+
 def _same_samples(case: FuzzCase, texts: List[Any]) -> List[str]:
     """Greedy (or seeded) samples of one prompt are identical (checked when none was cut short)."""
     if case.n <= 1 or not (case.greedy or case.seeded) or case.abort_after is not None:
@@ -88,6 +99,7 @@ def _check_generate(case: FuzzCase, body: Any) -> List[str]:
     for i, item in enumerate(items):
         meta = item["meta_info"]
         out += _tokens_ok(case, meta["completion_tokens"], meta["finish_reason"], f"seq {i}")
+        out += _in_grammar(case, item.get("text"), meta["finish_reason"], f"seq {i}")
         if len(item["output_ids"]) != meta["completion_tokens"]:
             out.append(f"seq {i}: {len(item['output_ids'])} output_ids but completion_tokens {meta['completion_tokens']}")
         if case.logprobs and meta["finish_reason"].get("type") != "abort":
@@ -115,6 +127,7 @@ def _check_openai(case: FuzzCase, body: dict, chat: bool) -> List[str]:
         if chat and c["message"]["role"] != "assistant":
             out.append(f"choice {c['index']}: role {c['message']['role']!r}")
         out += _tokens_ok(case, None, c["finish_reason"], f"choice {c['index']}")
+        out += _in_grammar(case, text, c["finish_reason"], f"choice {c['index']}")
         if case.logprobs and c.get("finish_reason") != "abort" and not c.get("logprobs"):
             out.append(f"choice {c['index']}: logprobs missing")
     if case.max_tokens is not None and usage["completion_tokens"] > case.max_tokens * case.num_seqs:

@@ -210,6 +210,7 @@ class ChatCompletionRequest(_SamplingExtensions):
     top_p: Optional[float] = None
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: bool = True
     # SGLang extensions (the router forwards these; the last three are accepted and unused).
     continue_final_message: bool = False
     chat_template_kwargs: Optional[Dict[str, Any]] = None

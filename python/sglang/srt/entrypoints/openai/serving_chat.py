@@ -32,6 +32,13 @@ from sglang.srt.entrypoints.openai.serving_base import (
     streaming_usage,
     usage_from_outputs,
 )
+from sglang.srt.entrypoints.openai.chat_output import (
+    ChoiceOutput,
+    chat_finish_reason,
+    dump_tool_calls_for_template,
+    resolve_parsers,
+    tool_json_schema,
+)
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 
@@ -39,6 +46,13 @@ class OpenAIServingChat(OpenAIServingBase):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._chat_template = _load_chat_template_file(ctx.server_args.chat_template)
+        from sglang.srt.model_loader.default_model import resolve_model_path
+
+        self.tool_call_parser, self.reasoning_parser = resolve_parsers(
+            ctx.server_args, resolve_model_path(ctx.server_args.model_path))
+
+    def _output(self, request) -> ChoiceOutput:
+        return ChoiceOutput(request, self.tool_call_parser, self.reasoning_parser)
 
     def _validate(self, request: ChatCompletionRequest) -> Optional[str]:
         if not request.messages:
@@ -76,6 +90,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 if value is not None:
                     d[key] = value
             msgs.append(d)
+        dump_tool_calls_for_template(msgs)
         return msgs
 
     def prompt_ids(self, request) -> List[int]:
@@ -101,9 +116,16 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def _convert(self, request: ChatCompletionRequest) -> GenerateReqInput:
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        sampling_params = build_sampling_params(request, max_tokens, self.ctx.model_sampling_defaults)
+        schema = tool_json_schema(request)
+        if schema is not None:  # tool_choice required / named: the output is the call (upstream)
+            if any(k in sampling_params for k in ("regex", "json_schema", "ebnf", "structural_tag")):
+                raise ValueError("tool_choice 'required' or a named function cannot be combined with "
+                                 "response_format, regex, json_schema, ebnf or structural_tag.")
+            sampling_params["json_schema"] = schema
         return GenerateReqInput(
             input_ids=self.prompt_ids(request),
-            sampling_params=build_sampling_params(request, max_tokens, self.ctx.model_sampling_defaults),
+            sampling_params=sampling_params,
             return_logprob=request.logprobs,
             top_logprobs_num=request.top_logprobs or 0,
             return_text_in_logprobs=True,
@@ -118,10 +140,13 @@ class OpenAIServingChat(OpenAIServingBase):
             logprobs = None
             if request.logprobs:
                 logprobs = chat_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs", []))
-            reason, matched = finish_fields(meta)
+            proc = self._output(request)
+            content, reasoning, tool_calls = proc.whole(out.get("text", ""))
+            reason, matched = chat_finish_reason(*finish_fields(meta), proc.has_tool_calls)
+            message = ChatMessage(role="assistant", content=content if content or not tool_calls else None,
+                                  reasoning_content=reasoning, tool_calls=tool_calls or None)
             choices.append(ChatCompletionResponseChoice(
-                index=i, message=ChatMessage(role="assistant", content=out.get("text", "")), logprobs=logprobs,
-                finish_reason=reason, matched_stop=matched))
+                index=i, message=message, logprobs=logprobs, finish_reason=reason, matched_stop=matched))
         return ChatCompletionResponse(
             id=outputs[0]["meta_info"]["id"],
             model=request.model or self.ctx.served_model_name,
@@ -133,7 +158,7 @@ class OpenAIServingChat(OpenAIServingBase):
     async def _stream_chunks(self, request: ChatCompletionRequest, outputs):
         created = int(time.time())
         model = request.model or self.ctx.served_model_name
-        sent_text, n_prev, finished = {}, {}, {}
+        sent_text, n_prev, finished, procs = {}, {}, {}, {}
         prompt_tokens, completion_tokens, cached_tokens = {}, {}, {}
         response_id = None
 
@@ -156,6 +181,7 @@ class OpenAIServingChat(OpenAIServingBase):
             cached_tokens[index] = meta.get("cached_tokens", 0)
             if index not in sent_text:
                 sent_text[index] = ""
+                procs[index] = self._output(request)
                 yield chunk(index, DeltaMessage(role="assistant", content=""))
             logprobs = None
             if request.logprobs:
@@ -166,12 +192,18 @@ class OpenAIServingChat(OpenAIServingBase):
             full = out.get("text", "")
             delta = full[len(sent_text[index]):]
             sent_text[index] = full
-            if delta or (logprobs is not None and logprobs.content):
-                yield chunk(index, DeltaMessage(content=delta), logprobs=logprobs)
+            pieces = procs[index].delta(delta) if delta else []
+            if not pieces and logprobs is not None and logprobs.content:
+                pieces = [{"content": ""}]
+            for j, piece in enumerate(pieces):
+                yield chunk(index, DeltaMessage(**piece), logprobs=logprobs if j == 0 else None)
             reason, matched = finish_fields(meta)
             if reason is not None:
                 finished[index] = (reason, matched)
+                for piece in procs[index].end():
+                    yield chunk(index, DeltaMessage(**piece))
         for index, (reason, matched) in sorted(finished.items()):
+            reason, matched = chat_finish_reason(reason, matched, procs[index].has_tool_calls)
             yield chunk(index, DeltaMessage(), reason=reason, matched=matched)
         if request.stream_options and request.stream_options.include_usage and response_id is not None:
             usage = streaming_usage(prompt_tokens, completion_tokens, cached_tokens, request.n, self.ctx.enable_cache_report)
@@ -179,15 +211,8 @@ class OpenAIServingChat(OpenAIServingBase):
             yield f"data: {c.model_dump_json()}\n\n"
 
 
-TOOL_CALLING_UNSUPPORTED = (
-    "Tool calling (tools with tool_choice auto, required or a named function) is not supported by this "
-    "server yet; send tool_choice \"none\" to chat without tools."
-)
-
-
 def _validate_tools(request: ChatCompletionRequest) -> Optional[str]:
-    """Upstream's tool_choice checks (and texts); tools that would be used are refused until
-    tool calling exists (with tool_choice "none" they are ignored, as upstream)."""
+    """Upstream's tool_choice checks (and texts)."""
     choice = request.tool_choice
     if isinstance(choice, str):
         if choice.lower() not in ("none", "auto", "required"):
@@ -201,8 +226,6 @@ def _validate_tools(request: ChatCompletionRequest) -> Optional[str]:
         names = {(t.get("function") or {}).get("name") for t in request.tools if isinstance(t, dict)}
         if name not in names:
             return f"Tool '{name}' not found in tools list."
-    if request.tools and choice != "none":
-        return TOOL_CALLING_UNSUPPORTED
     return None
 
 

@@ -1,0 +1,1 @@
+"""Output parsers (upstream `sglang.srt.parser`): `reasoning_parser.ReasoningParser`."""

@@ -1,0 +1,262 @@
+"""Structured output, tool calls, reasoning and custom logit processors on a real server with the
+default model (SmolLM2-135M-Instruct), driven by the official `openai` client and plain HTTP.
+
+Expectations are the API's contract, not this server's code: a json_schema answer parses and
+validates against the schema (jsonschema), a regex answer fullmatches, an EBNF answer is in the
+grammar's language, required / named tool calls are valid calls whose arguments validate against
+the function's parameters, `n=2` and streams hold under each, and a bad spec is a 400 after which
+the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import requests
+
+from sglang.test.server_utils import find_free_port, popen_launch_server, stop_server
+
+pytestmark = pytest.mark.server
+
+openai = pytest.importorskip("openai")
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 40}, "population": {"type": "integer", "minimum": 0, "maximum": 100000000}},
+    "required": ["name", "population"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Give the name and population of the capital of France as JSON."}]
+CITY_REGEX = r'\{"name": "[\w ]{1,20}", "population": [\d]{1,9}\}'
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                                                     "required": ["city"], "additionalProperties": False}}},
+]
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = find_free_port()
+    log = str(tmp_path_factory.mktemp("log") / "server.log")
+    proc = popen_launch_server("default", port, ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3",
+                                                 "--enable-custom-logit-processor",
+                                                 "--constrained-json-max-whitespace-cnt", "2"], log_path=log)
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield {"url": url, "client": client}
+    client.close()
+    stop_server(proc)
+
+
+def chat(server, **kw):
+    kw.setdefault("model", "default")
+    kw.setdefault("messages", ASK)
+    kw.setdefault("max_tokens", 120)
+    return server["client"].chat.completions.create(**kw)
+
+
+def collect_stream(stream):
+    """Per choice index: content, reasoning, tool calls assembled from deltas, finish reason."""
+    out = {}
+    for ev in stream:
+        for c in ev.choices:
+            st = out.setdefault(c.index, {"content": "", "reasoning": "", "calls": {}, "finish": None})
+            d = c.delta
+            st["content"] += d.content or ""
+            st["reasoning"] += getattr(d, "reasoning_content", None) or ""
+            for tc in d.tool_calls or []:
+                call = st["calls"].setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                call["id"] = call["id"] or tc.id
+                if tc.function and tc.function.name:
+                    call["name"] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    call["arguments"] += tc.function.arguments
+            if c.finish_reason:
+                st["finish"] = c.finish_reason
+    return out
+
+
+# ------------------------------------------------------------------------------ structured output
+
+
+def test_response_format_json_schema_n2(server):
+    r = chat(server, n=2, temperature=0.8,
+             response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}})
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.message.content), CITY_SCHEMA)
+
+
+def test_response_format_json_object(server):
+    r = chat(server, temperature=0, response_format={"type": "json_object"},
+             messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_regex_and_ebnf_extensions(server):
+    r = chat(server, temperature=0.5, n=2, extra_body={"regex": CITY_REGEX})
+    for c in r.choices:
+        assert re.fullmatch(CITY_REGEX, c.message.content), c.message.content
+    ebnf = 'root ::= "The capital of France is " ("Paris" | "Lyon" | "Nice") "."'
+    r = server["client"].completions.create(model="default", prompt="Q: capital of France?\nA:", max_tokens=30,
+                                            temperature=0, extra_body={"ebnf": ebnf})
+    assert re.fullmatch(r"The capital of France is (Paris|Lyon|Nice)\.", r.choices[0].text)
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_stream_n2_under_json_schema(server):
+    stream = chat(server, n=2, temperature=0.8, stream=True,
+                  response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}})
+    got = collect_stream(stream)
+    assert sorted(got) == [0, 1]
+    for st in got.values():
+        assert st["finish"] == "stop"
+        jsonschema.validate(json.loads(st["content"]), CITY_SCHEMA)
+
+
+def test_native_generate_json_schema_and_logprobs(server):
+    r = requests.post(server["url"] + "/generate", json={
+        "text": "The capital of France as JSON: ", "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 80, "temperature": 0, "json_schema": json.dumps(CITY_SCHEMA), "n": 2}},
+        timeout=300)
+    assert r.status_code == 200, r.text
+    for item in r.json():
+        jsonschema.validate(json.loads(item["text"]), CITY_SCHEMA)
+        meta = item["meta_info"]
+        assert meta["finish_reason"]["type"] == "stop"
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
+     "Invalid json_schema"),
+    ({"extra_body": {"regex": "([a-"}}, "Invalid regex"),
+    ({"extra_body": {"ebnf": "root ::= missing_rule"}}, "Invalid ebnf"),
+    ({"extra_body": {"regex": "a+", "ebnf": 'root ::= "a"'}}, "Only one of regex, json_schema, or ebnf can be set."),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+])
+def test_bad_spec_is_400_and_server_keeps_serving(server, body, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(server, **body)
+    assert e.value.status_code == 400 and words in str(e.value), str(e.value)
+    r = chat(server, temperature=0, max_tokens=8, extra_body={"regex": "(yes|no)"})
+    assert r.choices[0].message.content in ("yes", "no")
+
+
+# ------------------------------------------------------------------------------------ tool calls
+
+
+def _check_call(name, arguments):
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert name in params
+    jsonschema.validate(json.loads(arguments), params[name])
+
+
+def test_tool_choice_required(server):
+    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0.7, n=2, max_tokens=150)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.tool_calls and c.message.content is None
+        for tc in c.message.tool_calls:
+            assert tc.type == "function" and tc.id.startswith("call_")
+            _check_call(tc.function.name, tc.function.arguments)
+
+
+def test_tool_choice_named_and_streamed(server):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=80)
+    (tc,) = r.choices[0].message.tool_calls
+    assert tc.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
+    _check_call("get_time", tc.function.arguments)
+    got = collect_stream(chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                              max_tokens=150, stream=True))
+    st = got[0]
+    assert st["finish"] == "tool_calls" and st["calls"], st
+    for call in st["calls"].values():
+        assert call["id"].startswith("call_")
+        _check_call(call["name"], call["arguments"])
+
+
+# The model is small: an EBNF makes it emit the qwen25 format, which the auto path must parse.
+QWEN_CALL_EBNF = ('root ::= "Let me check. <tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+                  '{\\"city\\": \\"" ("Paris" | "Rome") "\\", \\"unit\\": \\"celsius\\"}}\\n</tool_call>"')
+
+
+def test_tool_choice_auto_parses_the_call(server):
+    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, temperature=0, max_tokens=120, extra_body={"ebnf": QWEN_CALL_EBNF})
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content == "Let me check."
+    (tc,) = c.message.tool_calls
+    assert tc.function.name == "get_weather"
+    assert json.loads(tc.function.arguments)["city"] in ("Paris", "Rome")
+    st = collect_stream(chat(server, messages=WEATHER_ASK, tools=TOOLS, temperature=0, max_tokens=120, stream=True,
+                             extra_body={"ebnf": QWEN_CALL_EBNF}))[0]
+    assert st["finish"] == "tool_calls" and st["content"].strip() == "Let me check."
+    assert [c["name"] for c in st["calls"].values()] == ["get_weather"]
+    assert json.loads(st["calls"][0]["arguments"]) == json.loads(tc.function.arguments)
+    # tool_choice "none": the same text is plain content
+    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=120,
+             extra_body={"ebnf": QWEN_CALL_EBNF})
+    assert "<tool_call>" in r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+# ------------------------------------------------------------------------------------- reasoning
+
+THINK_EBNF = 'root ::= "<think>" [a-z]{2,10} [a-z ]{1,20} "</think>" "The answer is " [0-9] "."'
+
+
+def test_reasoning_content_is_split(server):
+    r = chat(server, temperature=0.5, max_tokens=80, extra_body={"ebnf": THINK_EBNF})
+    m = r.choices[0].message
+    assert re.fullmatch(r"[a-z]{2,10}[a-z ]*", m.reasoning_content), m.reasoning_content
+    assert re.fullmatch(r"The answer is [0-9]\.", m.content)
+    st = collect_stream(chat(server, temperature=0.5, max_tokens=80, stream=True, extra_body={"ebnf": THINK_EBNF}))[0]
+    assert "<think>" not in st["content"] and re.fullmatch(r"\s*The answer is [0-9]\.", st["content"])
+    assert st["reasoning"].strip() and "</think>" not in st["reasoning"]
+    r = chat(server, temperature=0, max_tokens=80, extra_body={"ebnf": THINK_EBNF, "separate_reasoning": False})
+    assert r.choices[0].message.content.startswith("<think>")
+
+
+# ------------------------------------------------------------------------- custom logit processor
+
+
+FORCE_TOKEN_SRC = """
+class ForceToken(CustomLogitProcessor):
+    def __call__(self, logits, custom_param_list=None):
+        for i, p in enumerate(custom_param_list):
+            keep = logits[i, p["token_id"]].clone()
+            logits[i, :] = float("-inf")
+            logits[i, p["token_id"]] = keep
+        return logits
+"""
+
+
+def test_custom_logit_processor_forces_a_token(server):
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+    # Defined as in a client's script (__main__), so that dill sends the class itself.
+    ns = {"__name__": "__main__", "CustomLogitProcessor": CustomLogitProcessor}
+    exec(FORCE_TOKEN_SRC, ns)
+    ForceToken = ns["ForceToken"]
+    r = requests.post(server["url"] + "/generate", json={
+        "input_ids": [1, 2, 3], "custom_logit_processor": ForceToken.to_str(),
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "custom_params": {"token_id": 42}}}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == [42] * 5
+    r = requests.post(server["url"] + "/generate", json={"input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}",
+                                                          "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+    assert r.status_code == 400 and "Invalid custom_logit_processor" in r.text
