@@ -24,6 +24,12 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "awa
          "1", "2", "3", ",", ".", "!", "\n", "é", "日本", "🙂"]
 
 
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["x"]}}},
+         # sglang-router 0.3.2 refuses a function without `parameters` (its own 400)
+         {"type": "function", "function": {"name": "g", "description": "no arguments",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
 # (sampling key, spec, a regex of the grammar's language) for valid constrained cases.
 GRAMMARS = [
     ("regex", r"(yes|no)(, [0-9]{1,3}){0,3}", r"(yes|no)(, [0-9]{1,3}){0,3}"),
@@ -155,7 +161,7 @@ class CaseGenerator:
             sp.pop(key, None)
         case.ignore_eos = False
         sp[kind] = spec
-        case.grammar_regex = pattern if not self.t.behind_sglang_router else None
+        case.grammar_regex = pattern
 
     # --- one case ---------------------------------------------------------------------------------
     def make(self, index: int) -> FuzzCase:
@@ -284,9 +290,14 @@ class CaseGenerator:
             case.top_logprobs = r.choice([0, 2])
             if case.top_logprobs:
                 case.body["top_logprobs"] = case.top_logprobs
-        if r.random() < 0.1:
-            case.body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-            case.body["tool_choice"] = "none"
+        if r.random() < 0.15:
+            case.body["tools"] = [dict(t) for t in TOOLS]
+            case.body["tool_choice"] = r.choice(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
+            if case.body["tool_choice"] not in ("none", "auto"):  # the server constrains the output to the call
+                for key in ("regex", "ebnf", "json_schema", "response_format", "stop", "stop_token_ids", "stop_regex",
+                            "ignore_eos", "min_tokens", "skip_special_tokens", "no_stop_trim"):
+                    case.body.pop(key, None)
+                case.ignore_eos, case.grammar_regex = False, None
         if r.random() < 0.3:
             case.stream = True
             case.body["stream"] = True
@@ -361,7 +372,8 @@ class CaseGenerator:
                 ("messages not a list", lambda: body.__setitem__("messages", "hello")),
                 ("temperature -1", lambda: body.__setitem__("temperature", -1.0)),
                 ("max_tokens beyond the context", lambda: self._chat_budget(body, self.t.context_len * 4)),
-                ("tool_choice required without tools", lambda: body.__setitem__("tool_choice", "required")),
+                ("tool_choice required without tools", lambda: (body.pop("tools", None),
+                                                                 body.__setitem__("tool_choice", "required"))),
                 ("named tool not in tools", lambda: body.update(
                     tools=[{"type": "function", "function": {"name": "f"}}],
                     tool_choice={"type": "function", "function": {"name": "g"}})),

@@ -16,7 +16,7 @@ from typing import Any, List
 
 from sglang.test.fuzz.cases import FuzzCase
 
-FINISH_TYPES = {"stop", "length", "abort"}
+FINISH_TYPES = {"stop", "length", "abort", "tool_calls"}  # tool_calls: chat with tools
 
 
 def check_answer(case: FuzzCase, status: int, payload: Any) -> List[str]:
@@ -64,6 +64,28 @@ def _tokens_ok(case: FuzzCase, completion: Any, finish: Any, where: str) -> List
         out.append(f"{where}: {completion} tokens > budget {case.max_tokens}")
     if case.ignore_eos and kind == "length" and case.max_tokens is not None and completion != case.max_tokens:
         out.append(f"{where}: finished by length with {completion} of {case.max_tokens} tokens")
+    return out
+
+
+def _tool_calls_ok(case: FuzzCase, choice: dict) -> List[str]:
+    """finish "tool_calls" <=> the message holds calls, each naming a given tool with JSON arguments."""
+    where = f"choice {choice['index']}"
+    calls = choice["message"].get("tool_calls") or []
+    if (choice.get("finish_reason") == "tool_calls") != bool(calls):
+        return [f"{where}: finish_reason {choice.get('finish_reason')!r} with {len(calls)} tool calls"]
+    if calls and case.body.get("tool_choice") in (None, "none"):
+        return [f"{where}: tool calls although tool_choice is {case.body.get('tool_choice')!r}"]
+    names = {t["function"]["name"] for t in case.body.get("tools") or []}
+    out = []
+    for call in calls:
+        fn = call.get("function") or {}
+        if fn.get("name") not in names or not str(call.get("id", "")).startswith("call_"):
+            out.append(f"{where}: tool call {call!r}")
+            continue
+        try:
+            json.loads(fn.get("arguments") or "")
+        except ValueError:
+            out.append(f"{where}: tool call arguments are not JSON: {fn.get('arguments')!r}")
     return out
 
 
@@ -126,6 +148,8 @@ def _check_openai(case: FuzzCase, body: dict, chat: bool) -> List[str]:
         texts.append(text)
         if chat and c["message"]["role"] != "assistant":
             out.append(f"choice {c['index']}: role {c['message']['role']!r}")
+        if chat:
+            out += _tool_calls_ok(case, c)
         out += _tokens_ok(case, None, c["finish_reason"], f"choice {c['index']}")
         out += _in_grammar(case, text, c["finish_reason"], f"choice {c['index']}")
         if case.logprobs and c.get("finish_reason") != "abort" and not c.get("logprobs"):
