@@ -147,3 +147,35 @@ def test_abort_while_waiting_for_the_grammar(model_dir):
     assert req.finished_reason.to_json()["type"] == "abort"
     assert not sched.grammar_manager.queue
     assert_no_leak(sched)
+
+
+def _slow_schema(tag: str) -> str:
+    """A schema xgrammar needs seconds to compile (many bounded-pattern fields)."""
+    props = {f"{tag}_{i}": {"type": "string", "pattern": "[a-z]{1,%d}" % (i + 3)} for i in range(60)}
+    return json.dumps({"type": "object", "properties": props, "required": list(props)})
+
+
+def test_a_slow_compilation_does_not_stall_other_requests(model_dir):
+    import time
+
+    sched = make_scheduler(model_dir)
+    slow = submit(sched, "slow", [1, 2, 3], max_new_tokens=4, json_schema=_slow_schema("a"))
+    fast = submit(sched, "fast", [4, 5, 6], max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    t0 = time.monotonic()
+    while not fast.finished():
+        sched.step()
+    assert slow in sched.grammar_manager.reqs(), "the fast request waited for the compilation"
+    assert time.monotonic() - t0 < 3.0
+    run_to_completion(sched, max_steps=100_000)
+    assert slow.finished_reason is not None and slow.finished_reason.to_json()["type"] in ("stop", "length")
+    assert_no_leak(sched)
+
+
+def test_grammar_timeout_is_a_clear_400(model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_GRAMMAR_TIMEOUT", "0.3")
+    sched = make_scheduler(model_dir)
+    req = submit(sched, "slow", [1, 2, 3], json_schema=_slow_schema("b"))
+    run_to_completion(sched, max_steps=100_000)
+    reason = req.finished_reason.to_json()
+    assert reason["status_code"] == 400 and reason["message"] == "Grammar preprocessing timed out for key=json"
+    assert_no_leak(sched)

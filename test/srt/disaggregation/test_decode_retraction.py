@@ -115,3 +115,24 @@ def test_aborting_retracted_requests_frees_backups(model_dir):
         assert all(r.finished() for r in reqs)
         assert host.available_size() == host.size
     assert_no_leak(sched)
+
+
+@pytest.mark.parametrize("backup", ["host_pool", "cpu_tensor"])
+def test_constrained_requests_resume_with_their_grammar_state(model_dir, backup):
+    """Retracted mid-grammar and resumed from the backup: the matcher (kept by the request) goes on
+    where it was, so every output is still in the regex's language, with zero recomputed tokens."""
+    import re
+
+    # A grammar ends requests early; a low conservativeness admits enough of them to run out of KV.
+    sched = decode_scheduler(model_dir, backup, schedule_conservativeness=0.1)
+    regex = r"[ab]( [ab]){59}"
+    ps = random_prompts([40] * 8, seed=23)
+    reqs = [submit(sched, f"g{i}", p, 130, regex=regex) for i, p in enumerate(ps)]
+    run_to_completion(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert sched.num_recomputed_tokens == 0
+    for r in reqs:
+        assert r.finished_reason.to_json()["type"] == "stop", r.finished_reason.to_json()
+        text = sched.tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        assert re.fullmatch(regex, text), (r.rid, text)
+    assert_no_leak(sched)
