@@ -179,3 +179,58 @@ def test_grammar_timeout_is_a_clear_400(model_dir, monkeypatch):
     reason = req.finished_reason.to_json()
     assert reason["status_code"] == 400 and reason["message"] == "Grammar preprocessing timed out for key=json"
     assert_no_leak(sched)
+
+
+@pytest.fixture(scope="module")
+def thinking_model_dir(tmp_path_factory):
+    """The tiny Llama with `<think>` / `</think>` as single tokens (ids 49152, 49153)."""
+    from transformers import AutoTokenizer
+
+    path = make_tiny_model(str(tmp_path_factory.mktemp("tiny_thinking")), "llama", seed=5, vocab_size=49154)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save_pretrained(path)
+    return path
+
+
+def test_grammar_starts_after_the_reasoning_section(thinking_model_dir):
+    sched = make_scheduler(thinking_model_dir, reasoning_parser="deepseek-r1")
+    think_end = sched.tokenizer.convert_tokens_to_ids("</think>")
+    assert sched.grammar_manager.reasoning == (think_end - 1, think_end, True)
+    # Reasoning is free: a bias makes the model close it at once; the grammar then masks the bias away.
+    closing = submit(sched, "closing", [3, 4, 5], regex="(yes|no)", temperature=0.0, logit_bias={str(think_end): 100.0})
+    free = submit(sched, "free", [3, 4, 5], max_new_tokens=6, regex="(yes|no)", temperature=0.0)
+    run_to_completion(sched)
+    assert closing.output_ids[0] == think_end
+    assert_stopped_by_grammar(sched, closing)
+    assert sched.tokenizer.decode(closing.output_ids[1:], skip_special_tokens=True) in ("yes", "no")
+    # still reasoning after 6 tokens: nothing was masked (a random model does not pick </think>)
+    assert free.finished_reason.to_json()["type"] == "length" and think_end not in free.output_ids
+    assert_no_leak(sched)
+
+
+def test_unforced_reasoning_parser_lets_the_first_token_choose(thinking_model_dir):
+    sched = make_scheduler(thinking_model_dir, reasoning_parser="qwen3")
+    think_start = sched.tokenizer.convert_tokens_to_ids("<think>")
+    direct = submit(sched, "direct", [3, 4, 5], regex="(yes|no)", temperature=0.0, logit_bias={str(think_start): -100.0})
+    thinking = submit(sched, "thinking", [3, 4, 5], max_new_tokens=5, regex="(yes|no)", temperature=0.0,
+                      logit_bias={str(think_start): 100.0})
+    run_to_completion(sched)
+    assert_stopped_by_grammar(sched, direct)  # no <think>: constrained from the first token
+    assert sched.tokenizer.decode(direct.output_ids, skip_special_tokens=True) in ("yes", "no")
+    assert thinking.output_ids[0] == think_start and thinking.finished_reason.to_json()["type"] == "length"
+    assert_no_leak(sched)
+
+
+def test_allow_token_sets_every_bit_position():
+    import torch
+    import xgrammar as xgr
+
+    from sglang.srt.constrained.reasoner_grammar_backend import allow_token
+
+    mask = torch.zeros(1, 2, dtype=torch.int32)
+    for t in (0, 5, 31, 32, 63):
+        allow_token(mask, 0, t)
+    logits = torch.zeros(1, 64)
+    xgr.apply_token_bitmask_inplace(logits, mask)
+    assert torch.isfinite(logits[0]).nonzero().view(-1).tolist() == [0, 5, 31, 32, 63]

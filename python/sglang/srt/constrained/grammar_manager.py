@@ -12,6 +12,7 @@ resumes after a retraction continues from the right state without special cases.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, GrammarKey, grammar_key
+
+logger = logging.getLogger(__name__)
 
 GRAMMAR_BACKEND_NONE_MESSAGE = (
     "Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported when the "
@@ -41,10 +44,19 @@ class _Waiting:
 
 
 class GrammarManager:
-    def __init__(self, backend: BaseGrammarBackend):
+    def __init__(self, backend: BaseGrammarBackend, reasoning=None):
         self.backend = backend
         self.queue: List[_Waiting] = []
         self.timeout_s = grammar_timeout_s()
+        self.reasoning = reasoning  # (think start id, think end id, forced): grammars start after </think>
+
+    def _matcher(self, compiled, key):
+        grammar = self.backend.new_matcher(compiled, key)
+        if self.reasoning is None:
+            return grammar
+        from sglang.srt.constrained.reasoner_grammar_backend import ReasonerGrammar
+
+        return ReasonerGrammar(grammar, *self.reasoning)
 
     @staticmethod
     def key_of(req) -> "GrammarKey | None":
@@ -67,7 +79,7 @@ class GrammarManager:
                 if err is not None:
                     failed.append((w.req, w.payload, str(err)))
                 else:
-                    w.req.grammar = self.backend.new_matcher(w.future.result(), w.key)
+                    w.req.grammar = self._matcher(w.future.result(), w.key)
                     w.req.grammar_accepted = 0
                     ready.append((w.req, w.payload))
             elif now - w.since > self.timeout_s:
@@ -113,3 +125,21 @@ def create_grammar_backend(server_args, tokenizer, vocab_size: int, eos_token_id
             max_whitespace_cnt=server_args.constrained_json_max_whitespace_cnt,
         )
     raise ValueError(f"Invalid grammar backend: {name}")
+
+
+def reasoning_token_ids(server_args, tokenizer, model_path: Optional[str]):
+    """(think start id, think end id, forced) when --reasoning-parser is set and both markers are
+    single tokens; None otherwise (then grammars apply from the first token)."""
+    from sglang.srt.parser.parser_selection import AUTO_REASONING_PARSERS, reasoning_markers, resolve_auto_parser
+
+    name = resolve_auto_parser(server_args.reasoning_parser, model_path, AUTO_REASONING_PARSERS)
+    markers = reasoning_markers(name)
+    if markers is None or tokenizer is None:
+        return None
+    start, end, forced = markers
+    ids = [tokenizer.encode(m, add_special_tokens=False) for m in (start, end)]
+    if any(len(i) != 1 for i in ids):
+        logger.warning("--reasoning-parser %s: %s / %s are not single tokens of this tokenizer; grammars apply "
+                       "from the first output token, not after the reasoning section", name, start, end)
+        return None
+    return ids[0][0], ids[1][0], forced

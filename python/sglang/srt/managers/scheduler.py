@@ -74,8 +74,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             if self.tokenizer.eos_token_id is not None:
                 self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.sampler = Sampler()
-        self.grammar_manager = _build_grammar_manager(sa, self.tokenizer, self.model_config.vocab_size,
-                                                      self.eos_token_ids)
+        self.grammar_manager = _build_grammar_manager(sa, self.tokenizer, self.model_config, self.eos_token_ids)
 
         self.waiting_queue: List[Req] = []
         self.running_reqs: List[Req] = []
@@ -453,12 +452,15 @@ def _build_memory(server_args, model_runner):
     return memory
 
 
-def _build_grammar_manager(server_args, tokenizer, vocab_size: int, eos_token_ids):
-    """The grammar queue over --grammar-backend (None: constrained requests get a 400)."""
-    from sglang.srt.constrained.grammar_manager import GrammarManager, create_grammar_backend
+def _build_grammar_manager(server_args, tokenizer, model_config, eos_token_ids):
+    """The grammar queue over --grammar-backend (None: constrained requests get a 400); with
+    --reasoning-parser, grammars start after the reasoning section."""
+    from sglang.srt.constrained.grammar_manager import GrammarManager, create_grammar_backend, reasoning_token_ids
 
-    backend = create_grammar_backend(server_args, tokenizer, vocab_size, eos_token_ids)
-    return GrammarManager(backend) if backend is not None else None
+    backend = create_grammar_backend(server_args, tokenizer, model_config.vocab_size, eos_token_ids)
+    if backend is None:
+        return None
+    return GrammarManager(backend, reasoning_token_ids(server_args, tokenizer, model_config.model_path))
 
 
 def set_random_seed(seed: Optional[int]) -> None:

@@ -15,53 +15,11 @@ section is split off first and tools are parsed from what follows it.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.function_call import FunctionCallParser, ToolCallItem, parse_required_tool_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
-
-# --tool-call-parser auto / --reasoning-parser auto: by the model's architecture.
-_AUTO_TOOL_PARSERS = {"Qwen2": "qwen25", "Qwen3": "qwen25", "Llama": "llama3", "Mistral": "mistral"}
-_AUTO_REASONING_PARSERS = {"Qwen3": "qwen3", "DeepseekV3": "deepseek-r1"}
-
-
-def tool_mode(request) -> str:
-    """none | constrained | parser (see the module docstring)."""
-    choice = request.tool_choice
-    if not request.tools or choice == "none":
-        return "none"
-    if choice == "required" or isinstance(choice, dict):
-        return "constrained"
-    return "parser"
-
-
-def make_tool_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def resolve_auto_parser(name: Optional[str], model_path: Optional[str], table: Dict[str, str]) -> Optional[str]:
-    """`auto` -> the parser of the model's architecture (None when none fits); others unchanged."""
-    if name != "auto":
-        return name
-    try:
-        with open(os.path.join(model_path or "", "config.json")) as f:
-            archs = json.load(f).get("architectures") or []
-    except (OSError, ValueError):
-        return None
-    for arch in archs:
-        for prefix, parser in table.items():
-            if arch.startswith(prefix):
-                return parser
-    return None
-
-
-def resolve_parsers(server_args, model_path: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
-    """(tool-call parser, reasoning parser) names for this server."""
-    return (resolve_auto_parser(server_args.tool_call_parser, model_path, _AUTO_TOOL_PARSERS),
-            resolve_auto_parser(server_args.reasoning_parser, model_path, _AUTO_REASONING_PARSERS))
-
 
 def _call_dict(item: ToolCallItem, index: int, call_id: str) -> dict:
     return {"id": call_id, "index": index, "type": "function",

@@ -36,10 +36,10 @@ from sglang.srt.entrypoints.openai.chat_output import (
     ChoiceOutput,
     chat_finish_reason,
     dump_tool_calls_for_template,
-    resolve_parsers,
     tool_json_schema,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.parser.parser_selection import resolve_parsers
 
 
 class OpenAIServingChat(OpenAIServingBase):
