@@ -197,3 +197,24 @@ def test_isa_choice():
     assert "generic" in sgl_kernel.supported_isas()
     with pytest.raises(RuntimeError):
         sgl_kernel.use_isa("sve")
+
+
+@pytest.mark.parametrize("rows,width,vocab", [(1, 64, 64), (3, 100, 100), (4, 130, 97), (16, 49152, 49152),
+                                              (2, 49216, 49152)])
+def test_apply_token_bitmask_matches_xgrammar(rows, width, vocab):
+    """Whole-word fast paths (all allowed / all banned) and mixed words, bit 31 included; columns at
+    or beyond vocab_size (padded logits) are left alone, as xgrammar does."""
+    xgr = pytest.importorskip("xgrammar")
+    g = torch.Generator().manual_seed(rows * 7 + width)
+    words = (vocab + 31) // 32
+    mask = torch.randint(-2**31, 2**31 - 1, (rows, words), dtype=torch.int32, generator=g)
+    mask[:, ::3] = 0
+    mask[:, 1::5] = -1
+    mask[:, 2::7] = -2**31  # only bit 31 allowed
+    logits = torch.randn(rows, width, generator=g)
+    want = logits.clone()
+    xgr.apply_token_bitmask_inplace(want, mask, vocab_size=vocab)
+    ops.apply_token_bitmask_(logits, mask, vocab)
+    assert torch.equal(logits, want)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.apply_token_bitmask_(logits.to(torch.bfloat16), mask, vocab)

