@@ -128,6 +128,35 @@ def test_stream_n2_under_json_schema(server):
         jsonschema.validate(json.loads(st["content"]), CITY_SCHEMA)
 
 
+EBNF_CAPITAL = 'root ::= "The capital of France is " ("Paris" | "Lyon" | "Nice") "."'
+KINDS = {
+    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}},
+                    lambda t: jsonschema.validate(json.loads(t), CITY_SCHEMA) is None),
+    "json_object": ({"response_format": {"type": "json_object"},
+                     "messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]},
+                    lambda t: isinstance(json.loads(t), dict)),
+    "regex": ({"extra_body": {"regex": CITY_REGEX}}, lambda t: re.fullmatch(CITY_REGEX, t) is not None),
+    "ebnf": ({"extra_body": {"ebnf": EBNF_CAPITAL}},
+             lambda t: re.fullmatch(r"The capital of France is (Paris|Lyon|Nice)\.", t) is not None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_kind_with_n2(server, kind, stream):
+    body, in_language = KINDS[kind]
+    # json_object is unbounded: a sampled small model may ramble on, so that kind runs greedy
+    kw = dict(body, n=2, temperature=0.0 if kind == "json_object" else 0.7, max_tokens=150, stream=stream)
+    if stream:
+        got = {i: (st["content"], st["finish"]) for i, st in collect_stream(chat(server, **kw)).items()}
+    else:
+        got = {c.index: (c.message.content, c.finish_reason) for c in chat(server, **kw).choices}
+    assert sorted(got) == [0, 1]
+    for text, finish in got.values():
+        assert finish == "stop", (kind, text)
+        assert in_language(text), (kind, text)
+
+
 def test_native_generate_json_schema_and_logprobs(server):
     r = requests.post(server["url"] + "/generate", json={
         "text": "The capital of France as JSON: ", "return_logprob": True,
@@ -167,10 +196,12 @@ def _check_call(name, arguments):
 
 
 def test_tool_choice_required(server):
-    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0.7, n=2, max_tokens=150)
+    # sampled: without parallel_tool_calls=False the array of calls is unbounded (maxItems 1 with it)
+    r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0.7, n=2, max_tokens=150,
+             parallel_tool_calls=False)
     for c in r.choices:
         assert c.finish_reason == "tool_calls", c
-        assert c.message.tool_calls and c.message.content is None
+        assert len(c.message.tool_calls) == 1 and c.message.content is None
         for tc in c.message.tool_calls:
             assert tc.type == "function" and tc.id.startswith("call_")
             _check_call(tc.function.name, tc.function.arguments)

@@ -21,6 +21,20 @@ from typing import Any, Dict, List, Optional, Tuple
 from sglang.srt.function_call import FunctionCallParser, ToolCallItem, parse_required_tool_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 
+def tool_mode(request) -> str:
+    """none | constrained | parser (see the module docstring)."""
+    choice = request.tool_choice
+    if not request.tools or choice == "none":
+        return "none"
+    if choice == "required" or isinstance(choice, dict):
+        return "constrained"
+    return "parser"
+
+
+def make_tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _call_dict(item: ToolCallItem, index: int, call_id: str) -> dict:
     return {"id": call_id, "index": index, "type": "function",
             "function": {"name": item.name, "arguments": item.parameters}}
