@@ -234,3 +234,23 @@ def test_allow_token_sets_every_bit_position():
     logits = torch.zeros(1, 64)
     xgr.apply_token_bitmask_inplace(logits, mask)
     assert torch.isfinite(logits[0]).nonzero().view(-1).tolist() == [0, 5, 31, 32, 63]
+
+
+def test_structural_tags_both_formats(model_dir):
+    """xgrammar's structural-tag format (a fixed text then JSON), and upstream's legacy
+    {"structures", "triggers"} form (free text; a trigger starts the tagged schema)."""
+    sched = make_scheduler(model_dir)
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "json_schema", "json_schema": {"type": "integer", "minimum": 0, "maximum": 9}}]}}
+    legacy = {"structures": [{"begin": "<f>", "schema": {"type": "integer"}, "end": "</f>"}], "triggers": ["<f>"]}
+    a = submit(sched, "tag", [7, 8, 9], structural_tag=json.dumps(tag), temperature=0.0)
+    b = submit(sched, "legacy", [7, 8, 9], max_new_tokens=8, structural_tag=json.dumps(legacy), temperature=0.0)
+    bad = submit(sched, "bad", [7, 8, 9], structural_tag='{"type": "structural_tag", "format": {"type": "nope"}}')
+    run_to_completion(sched)
+    assert_stopped_by_grammar(sched, a)
+    assert re.fullmatch(r"Answer: [0-9]", text_of(sched, a)), text_of(sched, a)
+    assert b.finished_reason.to_json()["type"] in ("length", "stop")
+    assert bad.finished_reason.to_json()["status_code"] == 400
+    assert "Invalid structural_tag" in bad.finished_reason.to_json()["message"]
+    assert_no_leak(sched)

@@ -291,3 +291,19 @@ def test_custom_logit_processor_forces_a_token(server):
     r = requests.post(server["url"] + "/generate", json={"input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}",
                                                           "sampling_params": {"max_new_tokens": 2}}, timeout=60)
     assert r.status_code == 400 and "Invalid custom_logit_processor" in r.text
+
+
+def test_parse_function_call_and_separate_reasoning_routes(server):
+    text = 'Sure. <tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    r = requests.post(server["url"] + "/parse_function_call", json={"text": text, "tools": TOOLS}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["normal_text"] == "Sure." and body["calls"] == [
+        {"tool_index": 0, "name": "get_time", "parameters": '{"city": "Oslo"}'}]
+    r = requests.post(server["url"] + "/parse_function_call", json={"text": text, "tools": TOOLS,
+                                                                   "tool_call_parser": "nope"}, timeout=30)
+    assert r.status_code == 400 and "nope" in r.text
+    r = requests.post(server["url"] + "/separate_reasoning", json={"text": "<think>hmm</think>Paris."}, timeout=30)
+    assert r.json() == {"text": "Paris.", "reasoning_text": "hmm"}
+    info = requests.get(server["url"] + "/model_info", timeout=30).json()
+    assert info["tool_call_parser"] == "qwen25" and info["reasoning_parser"] == "qwen3"

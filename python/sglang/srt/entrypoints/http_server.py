@@ -68,6 +68,23 @@ class AbortRequestBody(BaseModel):
     abort_all: bool = False
 
 
+class ParseFunctionCallBody(BaseModel):
+    """Upstream's /parse_function_call request (the parser defaults to --tool-call-parser)."""
+
+    model_config = ConfigDict(extra="ignore")
+    text: str
+    tools: list = []
+    tool_call_parser: Any = None
+
+
+class SeparateReasoningBody(BaseModel):
+    """Upstream's /separate_reasoning request (the parser defaults to --reasoning-parser)."""
+
+    model_config = ConfigDict(extra="ignore")
+    text: str
+    reasoning_parser: Any = None
+
+
 def _json(content: Any, status_code: int = 200) -> Response:
     return Response(content=orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY,
                                          default=str),
@@ -216,6 +233,36 @@ def build_app(state: ServerState) -> FastAPI:
     async def openai_v1_detokenize(raw_request: Request):
         res = serving_tokenize.detokenize(ctx, await _parse_body(raw_request, DetokenizeRequest))
         return res if isinstance(res, Response) else _json(res.model_dump())
+
+    @app.post("/parse_function_call")
+    async def parse_function_call(raw_request: Request):
+        """{"text", "tools", "tool_call_parser"} -> {"normal_text", "calls": [{tool_index, name, parameters}]}."""
+        from sglang.srt.function_call import FunctionCallParser
+
+        obj = await _parse_body(raw_request, ParseFunctionCallBody)
+        name = obj.tool_call_parser or chat.tool_call_parser
+        if not name:
+            return _native_error("No tool_call_parser given (and the server has no --tool-call-parser).")
+        try:
+            normal, calls = FunctionCallParser(obj.tools, name).parse_non_stream(obj.text)
+        except ValueError as e:
+            return _native_error(str(e))
+        return _json({"normal_text": normal, "calls": [dataclasses.asdict(c) for c in calls]})
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning(raw_request: Request):
+        """{"text", "reasoning_parser"} -> {"text": normal text, "reasoning_text"}."""
+        from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+        obj = await _parse_body(raw_request, SeparateReasoningBody)
+        name = obj.reasoning_parser or chat.reasoning_parser
+        if not name:
+            return _native_error("No reasoning_parser given (and the server has no --reasoning-parser).")
+        try:
+            reasoning, normal = ReasoningParser(name).parse_non_stream(obj.text)
+        except ValueError as e:
+            return _native_error(str(e))
+        return _json({"text": normal, "reasoning_text": reasoning})
 
     # --- control --------------------------------------------------------------------------------
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -369,8 +416,8 @@ def _model_info(state: ServerState) -> dict:
         "preferred_sampling_params": sa.ignored_upstream_args.get("preferred_sampling_params"),
         "weight_version": sa.weight_version,
         "load_format": sa.load_format,
-        "reasoning_parser": sa.ignored_upstream_args.get("reasoning_parser"),
-        "tool_call_parser": sa.ignored_upstream_args.get("tool_call_parser"),
+        "reasoning_parser": sa.reasoning_parser,
+        "tool_call_parser": sa.tool_call_parser,
         "disaggregation_mode": sa.disaggregation_mode,
         "has_image_understanding": False,
         "has_audio_understanding": False,
