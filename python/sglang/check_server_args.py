@@ -63,7 +63,8 @@ def _load_model_config(model_path: str):
 def _model_checks(sa: ServerArgs, model_config, backup: Optional[str]) -> None:
     from sglang.srt.mem_cache.registry import validate_host_pool_retraction
 
-    validate_host_pool_retraction(backup, model_config.is_hybrid_ssm, model_config.is_pure_swa)
+    validate_host_pool_retraction(backup, model_config.is_hybrid_ssm, model_config.is_pure_swa,
+                                  sa.enable_mamba_host_pool_backup)
     if (
         sa.disaggregation_mode == "decode"
         and sa.disaggregation_decode_enable_radix_cache

@@ -299,6 +299,17 @@ class DisaggFields:
         "from the decode KV pool.",
         choices=C.DECODE_RETRACTION_BACKUP_CHOICES,
     )
+    enable_mamba_host_pool_backup: bool = arg(
+        False,
+        "Fork (beyond upstream): let --disaggregation-decode-retraction-backup host_pool back up hybrid SSM "
+        "(Mamba) models: a retracted request's Mamba state goes to a host state pool beside its KV pages. "
+        "Without it such models keep upstream's error.",
+    )
+    mamba_host_pool_slots: Optional[int] = arg(
+        None,
+        "Fork: slots of the host Mamba-state pool for host_pool retraction backups. Default: one per page the "
+        "host KV pool holds, at most the device Mamba pool's slot count.",
+    )
     disaggregation_decode_enable_offload_kvcache: bool = arg(False, "Enable async KV cache offloading on decode server (PD mode).")
     disaggregation_decode_enable_radix_cache: bool = arg(
         False, "Enable the radix cache on the decode server (experimental; the decode server disables it by default)."

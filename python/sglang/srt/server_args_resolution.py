@@ -472,7 +472,7 @@ def infer_decode_retraction_backup(sa, *, is_hybrid_ssm=None, is_pure_swa=None, 
         blockers.append("decode KV offload")
     if sa.enable_priority_scheduling and not sa.disable_priority_preemption:
         blockers.append("priority scheduling with preemption")
-    if is_hybrid_ssm:
+    if is_hybrid_ssm and not sa.enable_mamba_host_pool_backup:
         blockers.append("model has SSM (Mamba) state")
     if is_pure_swa:
         blockers.append("model is pure sliding-window")

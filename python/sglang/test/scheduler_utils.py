@@ -59,3 +59,5 @@ def assert_no_leak(sched: Scheduler) -> None:
         assert store.num_live == 0
         if store.host_pool is not None:
             assert store.host_pool.available_size() == store.host_pool.size
+        if store.host_mamba_pool is not None:
+            assert store.host_mamba_pool.available_size() == store.host_mamba_pool.size

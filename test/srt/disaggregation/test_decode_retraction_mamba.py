@@ -76,6 +76,82 @@ def test_host_pool_is_rejected_at_start_and_by_check_server_args(arch_models, ca
     out = capsys.readouterr()
     assert rc != 0
     assert SEED_MESSAGE in out.out + out.err
+    # the opt-in is the only way past it
+    assert check_server_args_main(["--model-path", d, "--disaggregation-mode", "decode",
+                                   "--disaggregation-decode-retraction-backup", "host_pool",
+                                   "--enable-mamba-host-pool-backup"]) == 0
+
+
+# ---- host_pool for SSM hybrids (--enable-mamba-host-pool-backup, beyond upstream) ----------------
+@pytest.mark.parametrize("auto", [False, True])
+def test_host_pool_backs_up_kv_and_mamba_state_with_the_opt_in(arch_models, auto):
+    """KV pages to the host KV pool, the Mamba state to a host state slot; resumed with zero
+    recomputed tokens and HF's greedy tokens; both tiers free afterwards. `auto`: without the backup
+    flag the decode server picks host_pool for a hybrid once the opt-in is on."""
+    from sglang.test.scheduler_utils import assert_no_leak
+
+    arch, d, hf = arch_models
+    sched = decode_scheduler(d, None if auto else "host_pool", enable_mamba_host_pool_backup=True)
+    store = sched.memory.retraction_store
+    assert sched.server_args.disaggregation_decode_retraction_backup == "host_pool"
+    assert store.host_mamba_pool is not None
+    assert store.host_mamba_pool.conv_state.dtype == sched.memory.mamba_pool.conv_state.dtype
+    assert store.host_mamba_pool.size == min(sched.memory.mamba_pool.size, store.host_pool.size)  # page size 1
+    ps = prompts(6, 30, seed=21)
+    reqs = [submit(sched, f"h{i}", p, 40) for i, p in enumerate(ps)]
+    run_to_completion(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert sched.num_recomputed_tokens == 0
+    for r, p in zip(reqs, ps):
+        assert r.finished_reason.to_json() == {"type": "length", "length": 40}
+        assert r.output_ids == hf_greedy(hf, p, 40), r.rid
+    stats = sched.memory.stats()["retraction_backup"]
+    assert stats["mamba_host_slots_free"] == stats["mamba_host_slots_total"] == store.host_mamba_pool.size
+    assert_no_leak(sched)
+
+
+def test_exhausted_host_state_tier_aborts_like_the_kv_tier(arch_models):
+    from sglang.srt.mem_cache.retraction_backup import HOST_POOL_EXHAUSTED
+    from sglang.test.scheduler_utils import assert_no_leak
+
+    arch, d, hf = arch_models
+    sched = decode_scheduler(d, "host_pool", enable_mamba_host_pool_backup=True, mamba_host_pool_slots=0)
+    reqs = [submit(sched, f"x{i}", p, 40) for i, p in enumerate(prompts(6, 30, seed=21))]
+    run_to_completion(sched)
+    aborted = [r for r in reqs if r.finished_reason.to_json()["type"] == "abort"]
+    assert aborted and all(r.finished_reason.to_json()["message"] == HOST_POOL_EXHAUSTED for r in aborted)
+    assert all(r.finished_reason.to_json()["status_code"] == 500 for r in aborted)
+    assert_no_leak(sched)
+
+
+def test_hundred_backup_cycles_leak_nothing(arch_models):
+    """Backup / restore and backup / discard (abort while retracted), 100 times each, on the real
+    pools: every host page and state slot comes back, and a restore gives back the exact state."""
+    import torch
+
+    arch, d, hf = arch_models
+    sched = decode_scheduler(d, "host_pool", enable_mamba_host_pool_backup=True)
+    memory, store = sched.memory, sched.memory.retraction_store
+    for cycle in range(100):
+        (slot,) = memory.mamba_pool.alloc(1)
+        kv = memory.allocator.alloc(5)
+        memory.mamba_pool.conv_state[:, slot].normal_()
+        memory.mamba_pool.ssm_state[:, slot].normal_()
+        conv, ssm = memory.mamba_pool.conv_state[:, slot].clone(), memory.mamba_pool.ssm_state[:, slot].clone()
+        backup = store.backup(kv, slot)
+        assert backup is not None and backup.mamba_host_slot is not None
+        memory.mamba_pool.clear_slot([slot])
+        if cycle % 2:
+            store.discard(backup)
+        else:
+            store.restore(backup, kv, slot)
+            assert torch.equal(memory.mamba_pool.conv_state[:, slot], conv)
+            assert torch.equal(memory.mamba_pool.ssm_state[:, slot], ssm)
+        memory.mamba_pool.free([slot])
+        memory.allocator.free(kv)
+    assert store.num_live == 0
+    assert store.host_mamba_pool.available_size() == store.host_mamba_pool.size
+    assert store.host_pool.available_size() == store.host_pool.size
 
 
 # ---- 1P1D over the real Mooncake engine (TCP on loopback), both schedulers in this process -------

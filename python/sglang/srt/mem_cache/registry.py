@@ -27,11 +27,13 @@ from sglang.srt.configs.runtime_config import CacheConfig
 logger = logging.getLogger(__name__)
 
 
-def validate_host_pool_retraction(retraction_backup: Optional[str], is_hybrid_ssm: bool, is_pure_swa: bool) -> None:
-    """Upstream's `create_unified_radix_cache` checks, in its order."""
+def validate_host_pool_retraction(retraction_backup: Optional[str], is_hybrid_ssm: bool, is_pure_swa: bool,
+                                  allow_mamba: bool = False) -> None:
+    """Upstream's `create_unified_radix_cache` checks, in its order. `allow_mamba`
+    (--enable-mamba-host-pool-backup, a fork addition): hybrid SSM models get a host state pool."""
     if retraction_backup != "host_pool":
         return
-    if is_hybrid_ssm:
+    if is_hybrid_ssm and not allow_mamba:
         raise ValueError("Host-pool retraction does not support Mamba models.")
     if is_pure_swa:
         raise ValueError("Host-pool retraction does not support pure-SWA models.")
@@ -144,11 +146,16 @@ def _disabled_cache(ctx: TreeCacheBuildContext):
     return UnifiedRadixCache(_cache_params(ctx, True, (ComponentType.FULL,)))
 
 
+def _allow_mamba(ctx) -> bool:
+    return ctx.server_args is not None and bool(ctx.server_args.enable_mamba_host_pool_backup)
+
+
 def create_unified_radix_cache(ctx: TreeCacheBuildContext, *, cache_class=None):
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, ctx.is_pure_swa_model)
+    validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, ctx.is_pure_swa_model,
+                                  _allow_mamba(ctx))
     components = [ComponentType.FULL]
     if ctx.is_hybrid_swa:
         components.append(ComponentType.SWA)
@@ -175,7 +182,7 @@ def default_radix_cache_factory(ctx: TreeCacheBuildContext):
     if cfg.enable_unified_cache_external_linker:
         raise NotImplementedError("--enable-unified-cache-external-linker: no external linker is available in this build.")
     if ctx.is_pure_swa:
-        validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, True)
+        validate_host_pool_retraction(ctx.retraction_backup, ctx.is_hybrid_ssm, True, _allow_mamba(ctx))
         return _disabled_cache(ctx)  # upstream: PureSWARadixCache
     # A pure-SWA model on a plain pool (every layer's KV kept, windows applied by the attention
     # mask) caches like a dense model: FULL only.

@@ -1,0 +1,64 @@
+"""Host-pool retraction backups for hybrid SSM models (--enable-mamba-host-pool-backup, beyond
+upstream) through a 1P1D deployment over Mooncake TCP behind the real sglang-router: a decode
+server with a tiny KV pool retracts, backs the KV up to its host KV pool and the Mamba state to
+its host state pool, resumes with nothing recomputed, and gives exactly a plain server's greedy
+text; afterwards every host page and state slot is free and the server keeps serving."""
+
+import concurrent.futures as cf
+
+import pytest
+import requests
+
+from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
+from sglang.test.server_utils import popen_launch_server
+from sglang.test.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.server
+
+PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def fibonacci(n):", "Hello"]
+COMMON = ["--dtype", "float32"]
+
+
+def url(port):
+    return f"http://127.0.0.1:{port}"
+
+
+# Falcon-H1 takes the same path; it is covered in-process (test_decode_retraction_mamba.py) to keep CI short.
+@pytest.mark.parametrize("arch", ["nemotron_h"])
+def test_hybrid_host_pool_retraction_through_the_router(arch, tmp_path):
+    model = make_tiny_model(str(tmp_path / arch), arch, seed=5)
+    ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "router")}
+    procs = []
+    try:
+        procs.append(popen_launch_server(model, ports["plain"], COMMON + ["--max-total-tokens", "4096"],
+                                         log_path=str(tmp_path / "plain.log")))
+        procs.append(launch_prefill(model, ports["prefill"], ports["boot"], COMMON + ["--max-total-tokens", "4096"],
+                                    log_path=str(tmp_path / "prefill.log")))
+        procs.append(launch_decode(model, ports["decode"], COMMON + [
+            "--max-total-tokens", "200", "--num-reserved-decode-tokens", "8", "--enable-mamba-host-pool-backup"],
+            log_path=str(tmp_path / "decode.log")))
+        procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
+                                   log_path=str(tmp_path / "router.log")))
+        params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+        prompts = [p + " and then" for p in PROMPTS] * 2
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            futs = [ex.submit(requests.post, url(ports["router"]) + "/generate",
+                              json={"text": p, "sampling_params": params}, timeout=300) for p in prompts]
+            outs = [f.result().json() for f in futs]
+        plain = requests.post(url(ports["plain"]) + "/generate", json={"text": prompts, "sampling_params": params},
+                              timeout=300).json()
+        assert [o["text"] for o in outs] == [o["text"] for o in plain]
+        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+        info = requests.get(url(ports["decode"]) + "/server_info", timeout=30).json()
+        state = info["internal_states"][0]
+        backup = state["retraction_backup"]
+        assert state["num_recomputed_tokens"] == 0
+        assert backup["backend"] == "host_pool" and backup["live_backups"] == 0  # auto picks it with the opt-in
+        assert backup["host_pool_available"] == backup["host_pool_size"]
+        assert backup["mamba_host_slots_free"] == backup["mamba_host_slots_total"] > 0
+        again = requests.post(url(ports["router"]) + "/generate", json={"text": prompts[0], "sampling_params": params},
+                              timeout=120)
+        assert again.status_code == 200 and again.json()["text"] == plain[0]["text"]
+    finally:
+        for p in reversed(procs):
+            stop_server(p)
