@@ -158,6 +158,13 @@ def resolve_model(name: str) -> str:
         from sglang.srt.model_loader.default_model import ensure_default_model
 
         return ensure_default_model()
+    if name.startswith("tiny-") and name[5:] in ("nemotron_h", "falcon_h1"):  # tiny hybrid SSM models
+        path = os.path.join(cache_dir(), name)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            from sglang.test.tiny_models import make_tiny_model
+
+            make_tiny_model(path, name[5:], seed=5)
+        return path
     if name == "tiny":
         path = os.path.join(cache_dir(), "tiny-llama-4l-256h-32k")
         if not os.path.exists(os.path.join(path, "model.safetensors")):

@@ -15,6 +15,11 @@ unpressured run's.
 
     python benchmark/retraction.py                       # tiny Llama, 32 requests, < 2 min
     python benchmark/retraction.py --model default --num-requests 16 --max-total-tokens 1536
+    python benchmark/retraction.py --model tiny-nemotron_h   # hybrid SSM rows (tiny-falcon_h1 too)
+
+For hybrid SSM models `host_pool` runs with --enable-mamba-host-pool-backup (the Mamba state goes to
+the host state pool). "backup ms / req" and "restore ms" time the store's copies per retraction;
+"bytes / backup" is the KV of the backed-up tokens plus, for hybrids, one Mamba state slot.
 """
 
 from __future__ import annotations
@@ -41,8 +46,31 @@ def build_scheduler(mode: str, path: str, args):
               max_total_tokens=need if mode == "unpressured" else args.max_total_tokens, log_level="error")
     if mode in ("cpu_tensor", "host_pool"):
         kw.update(disaggregation_mode="decode", disaggregation_transfer_backend="fake",
-                  disaggregation_decode_retraction_backup=mode)
-    return Scheduler(ServerArgs(**kw))
+                  disaggregation_decode_retraction_backup=mode, enable_mamba_host_pool_backup=True)
+    sched = Scheduler(ServerArgs(**kw))
+    store = sched.memory.retraction_store
+    if store is not None:  # time the backup / restore copies and count their bytes
+        store.timing = {"backup_s": 0.0, "restore_s": 0.0, "backups": 0, "restores": 0, "bytes": 0}
+        backup, restore = store.backup, store.restore
+        mamba = sched.memory.mamba_pool
+
+        def timed_backup(indices, mamba_slot=None):
+            t0 = time.perf_counter()
+            out = backup(indices, mamba_slot)
+            store.timing["backup_s"] += time.perf_counter() - t0
+            store.timing["backups"] += 1
+            store.timing["bytes"] += int(indices.numel()) * store.device_pool.bytes_per_token() + (
+                mamba.bytes_per_slot() if mamba is not None and mamba_slot is not None else 0)
+            return out
+
+        def timed_restore(b, indices, mamba_slot=None):
+            t0 = time.perf_counter()
+            restore(b, indices, mamba_slot)
+            store.timing["restore_s"] += time.perf_counter() - t0
+            store.timing["restores"] += 1
+
+        store.backup, store.restore = timed_backup, timed_restore
+    return sched
 
 
 def run_once(sched, prompts, output_len: int, tag: str):
@@ -129,15 +157,23 @@ def main():
         tps = statistics.median(r["output_tokens"] / r["elapsed"] for r in rs)
         recomputed = statistics.median(r["recomputed"] for r in rs)
         same = {r["same_as_ref"] for r in rs}
+        timing = getattr(scheds[mode].memory.retraction_store, "timing", None)
+        if timing and timing["backups"]:
+            cost = [f"{timing['backup_s'] / timing['backups'] * 1e3:.2f}",
+                    f"{timing['restore_s'] / max(timing['restores'], 1) * 1e3:.2f}",
+                    f"{timing['bytes'] / timing['backups'] / 1024:.0f} KiB"]
+        else:
+            cost = ["-", "-", "-"]
         rows.append([mode, scheds[mode].memory.init_free_kv, tps, f"{tps / base:.2f}x",
                      statistics.median(r["retracted"] for r in rs), int(recomputed),
                      f"{recomputed / prompt_tokens:.2f}", statistics.median(r["aborted"] for r in rs),
-                     "-" if same == {None} else ("yes" if same == {True} else "NO")])
+                     "-" if same == {None} else ("yes" if same == {True} else "NO"), *cost])
     print(f"\nmachine at end: {machine_line()}")
     print_table(f"Retraction under decode memory pressure ({args.model}:{args.dtype}, {args.num_requests} reqs x "
                 f"{args.input_len} in / {args.output_len} out, page {args.page_size}; median of {args.reps})",
                 ["mode", "KV pool tokens", "out tok/s", f"vs {args.modes[0]}", "retractions",
-                 "recomputed tokens", "recomputed / prompt tokens", "aborted", "outputs == unpressured"], rows)
+                 "recomputed tokens", "recomputed / prompt tokens", "aborted", "outputs == unpressured",
+                 "backup ms / req", "restore ms", "bytes / backup"], rows)
 
 
 if __name__ == "__main__":
