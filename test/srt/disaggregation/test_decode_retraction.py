@@ -126,6 +126,7 @@ def test_constrained_requests_resume_with_their_grammar_state(model_dir, backup)
     # A grammar ends requests early; a low conservativeness admits enough of them to run out of KV.
     sched = decode_scheduler(model_dir, backup, schedule_conservativeness=0.1)
     regex = r"[ab]( [ab]){59}"
+    sched.grammar_manager.backend.get_future(("regex", regex)).result()  # admission must not depend on thread timing
     ps = random_prompts([40] * 8, seed=23)
     reqs = [submit(sched, f"g{i}", p, 130, regex=regex) for i, p in enumerate(ps)]
     run_to_completion(sched)

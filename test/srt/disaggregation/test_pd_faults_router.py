@@ -107,7 +107,7 @@ def test_decode_killed_while_requests_wait_on_it(deployment):
         procs["decode"].kill()
         results = [f.result(timeout=90) for f in futs]
     for r, took in results:
-        assert took < 30, took
+        assert took < 45, took  # the router's own give-up takes ~30 s (30.5 s seen on a loaded machine)
         assert r.status_code >= 500 or r.json()["meta_info"]["completion_tokens"] == 140, r.text
     assert requests.get(url(ports["prefill"]) + "/health", timeout=10).status_code == 200
     assert_pools_restored([url(ports["prefill"])], timeout=30)
