@@ -85,6 +85,16 @@ class SeparateReasoningBody(BaseModel):
     reasoning_parser: Any = None
 
 
+def _run_parser(name, flag: str, run) -> Response:
+    """The parser routes: a 400 when no parser is named (here or by `flag`) or the name is unknown."""
+    if not name:
+        return _native_error(f"No {flag[2:].replace('-', '_')} given (and the server has no {flag}).")
+    try:
+        return _json(run(name))
+    except ValueError as e:
+        return _native_error(str(e))
+
+
 def _json(content: Any, status_code: int = 200) -> Response:
     return Response(content=orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY,
                                          default=str),
@@ -240,14 +250,12 @@ def build_app(state: ServerState) -> FastAPI:
         from sglang.srt.function_call import FunctionCallParser
 
         obj = await _parse_body(raw_request, ParseFunctionCallBody)
-        name = obj.tool_call_parser or chat.tool_call_parser
-        if not name:
-            return _native_error("No tool_call_parser given (and the server has no --tool-call-parser).")
-        try:
+
+        def run(name):
             normal, calls = FunctionCallParser(obj.tools, name).parse_non_stream(obj.text)
-        except ValueError as e:
-            return _native_error(str(e))
-        return _json({"normal_text": normal, "calls": [dataclasses.asdict(c) for c in calls]})
+            return {"normal_text": normal, "calls": [dataclasses.asdict(c) for c in calls]}
+
+        return _run_parser(obj.tool_call_parser or chat.tool_call_parser, "--tool-call-parser", run)
 
     @app.post("/separate_reasoning")
     async def separate_reasoning(raw_request: Request):
@@ -255,14 +263,12 @@ def build_app(state: ServerState) -> FastAPI:
         from sglang.srt.parser.reasoning_parser import ReasoningParser
 
         obj = await _parse_body(raw_request, SeparateReasoningBody)
-        name = obj.reasoning_parser or chat.reasoning_parser
-        if not name:
-            return _native_error("No reasoning_parser given (and the server has no --reasoning-parser).")
-        try:
+
+        def run(name):
             reasoning, normal = ReasoningParser(name).parse_non_stream(obj.text)
-        except ValueError as e:
-            return _native_error(str(e))
-        return _json({"text": normal, "reasoning_text": reasoning})
+            return {"text": normal, "reasoning_text": reasoning}
+
+        return _run_parser(obj.reasoning_parser or chat.reasoning_parser, "--reasoning-parser", run)
 
     # --- control --------------------------------------------------------------------------------
     @app.api_route("/flush_cache", methods=["GET", "POST"])
