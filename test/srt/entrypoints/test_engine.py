@@ -56,6 +56,24 @@ def test_stream_chunks_grow_to_final(engine):
     assert chunks[-1]["output_ids"] == full["output_ids"]
 
 
+def test_slow_stream_consumer_gets_every_chunk(engine):
+    """A consumer that awaits between chunks (an HTTP client on a slow link): the final chunks arrive
+    while the stream is suspended in a yield, and must still be delivered, the last with its reason."""
+    import asyncio
+
+    async def consume():
+        chunks = []
+        gen = await engine.async_generate("Streaming test", {**GREEDY, "max_new_tokens": 6}, stream=True)
+        async for c in gen:
+            chunks.append(c)
+            await asyncio.sleep(0.3)
+        return chunks
+
+    chunks = engine.loop.run_until_complete(consume())
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert len(chunks[-1]["output_ids"]) == 6
+
+
 def test_invalid_sampling_params_raise(engine):
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5."):
         engine.generate("x", {"top_p": 1.5})

@@ -168,12 +168,16 @@ class TokenizerManager:
                 if request is not None and await request.is_disconnected():
                     raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
                 continue
+            # Drain and read `finished` together: while this generator is suspended in a yield, the
+            # handle loop may append the final chunk and set `finished`; that chunk is in the next
+            # drain, so returning on the flag read after the yields would lose it.
             outs, state.out_list = state.out_list, []
+            finished = state.finished
             state.event.clear()
             for out in outs:
-                if state.obj.stream or (state.finished and out is outs[-1]):
+                if state.obj.stream or (finished and out is outs[-1]):
                     yield out
-            if state.finished:
+            if finished:
                 return
             if request is not None and not state.obj.stream and await request.is_disconnected():
                 raise ValueError(f"Request is disconnected from the client side (rid={rid}). Abort request.")
