@@ -165,11 +165,11 @@ def _pd_pair(model_dir, decode_kw=None):
                   host="127.0.0.1", disaggregation_transfer_backend="mooncake_tcp",
                   disaggregation_bootstrap_port=port, max_running_requests=8)
     prefill = Scheduler(ServerArgs(disaggregation_mode="prefill", **common))
-    decode = Scheduler(ServerArgs(disaggregation_mode="decode", **common, **(decode_kw or {})))
+    decode = Scheduler(ServerArgs(disaggregation_mode="decode", **{**common, **(decode_kw or {})}))
     return server, port, prefill, decode
 
 
-def _pd_run(prefill, decode, port, ps, n, room0=7000):
+def _pd_run(prefill, decode, port, ps, n, room0=7000, on_step=None):
     import time
 
     def recv(rid, ids, room):
@@ -186,6 +186,8 @@ def _pd_run(prefill, decode, port, ps, n, room0=7000):
     while (prefill.has_work() or decode.has_work()) and time.monotonic() < deadline:
         prefill.step()
         decode.step()
+        if on_step is not None:
+            on_step()
         time.sleep(0.001)
     assert not decode.has_work(), "PD pair did not finish"
     return dreqs
@@ -233,5 +235,74 @@ def test_1p1d_mamba_slot_size_mismatch_is_refused_at_registration(arch_models):
             assert msg["type"] == "abort" and "Prefill/Decode Mamba slot size mismatch" in msg["message"], msg
         assert prefill.forward_ct == 0  # refused before any prefill ran
         assert decode.memory.mamba_pool.available_size() == decode.memory.mamba_pool.size
+    finally:
+        _close(server, prefill, decode)
+
+
+def _tree_states(sched):
+    """{node id: (node, slot, conv, ssm)} for every tree node holding a Mamba state."""
+    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    pool, out, stack = sched.memory.mamba_pool, {}, [sched.memory.tree_cache.core.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        slot = None if node.is_root else MambaComponent.slot_of(node)
+        if slot is not None:
+            out[node.id] = (node, slot, pool.conv_state[:, slot].clone(), pool.ssm_state[:, slot].clone())
+    return out
+
+
+def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
+    """--disaggregation-decode-enable-radix-cache with host-pool backups of a hybrid: the second
+    turn's prompts (first prompt + its output + more) hit the decode server's tree, so the prefill
+    sends only the pages after the hit; under memory pressure the requests retract and resume from
+    the host pools into *new* state slots while the tree's nodes keep their slots and contents;
+    a third turn hits again. Every output is HF's greedy continuation; nothing leaks, no lock stays."""
+    import torch
+
+    pytest.importorskip("mooncake.engine")
+    from sglang.test.scheduler_utils import assert_no_leak
+
+    arch, d, hf = arch_models
+    server, port, prefill, decode = _pd_pair(d, decode_kw=dict(
+        max_total_tokens=340, num_reserved_decode_tokens=8, disaggregation_decode_enable_radix_cache=True,
+        disaggregation_decode_retraction_backup="host_pool", enable_mamba_host_pool_backup=True))
+    try:
+        assert not decode.memory.tree_cache.disable
+        first = prompts(5, 30, seed=41)
+        turn1 = _pd_run(prefill, decode, port, first, 20)
+        assert decode.role.stats()["decode_radix_hit_tokens"] == 0
+        before = _tree_states(decode)
+        assert len(before) == 5  # finished requests left their KV and final state in the tree 
+
+        second = [p + r.output_ids + [7, 8, 9, 10, 11, 12] for p, r in zip(first, turn1)]
+        tree_slots_ok = []
+
+        def check_slots():  # a running request never writes a tree node's slot
+            tree_slots = {slot for _, slot, _, _ in _tree_states(decode).values()}
+            tree_slots_ok.append(all(r.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
+
+        turn2 = _pd_run(prefill, decode, port, second, 40, room0=7100, on_step=check_slots)
+        hits = decode.role.stats()["decode_radix_hit_tokens"]
+        assert hits >= 3 * 49, hits  # second-turn prompts reused 49 tokens (prompt + output - 1) where still cached
+        assert sum(r.num_retractions for r in turn2) > 0 and decode.num_recomputed_tokens == 0
+        assert all(tree_slots_ok)
+        for r, p in zip(turn2, second):
+            assert r.finished_reason.to_json() == {"type": "length", "length": 40}, r.finished_reason.to_json()
+            assert r.output_ids == hf_greedy(hf, p, 40), r.rid
+        after = _tree_states(decode)
+        kept = [k for k in before if k in after and after[k][1] == before[k][1]]
+        for k in kept:  # nodes that survived the pressure hold the very state they held
+            assert torch.equal(after[k][2], before[k][2]) and torch.equal(after[k][3], before[k][3])
+
+        # A request that was retracted and restored left its whole KV and state in the tree on
+        # finishing: its continuation hits there.
+        k = max(i for i, r in enumerate(turn2) if r.num_retractions > 0)
+        third = [second[k] + turn2[k].output_ids + [13, 14]]
+        turn3 = _pd_run(prefill, decode, port, third, 8, room0=7200)
+        assert decode.role.stats()["decode_radix_hit_tokens"] - hits == len(second[k]) + 40 - 1
+        assert turn3[0].output_ids == hf_greedy(hf, third[0], 8)
+        assert_no_leak(decode)
     finally:
         _close(server, prefill, decode)

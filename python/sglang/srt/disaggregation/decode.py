@@ -2,6 +2,8 @@
 
 A request on a decode server goes through:
   prealloc queue  -- receiver bootstrapped, waiting for KV memory to be reserved for its prompt
+                     (with --disaggregation-decode-enable-radix-cache: only for the part of the
+                     prompt this server's radix tree does not already hold)
   transfer queue  -- slots sent to the prefill server, KV (and first token) in flight
   running         -- KV and first token arrived: decoding like any other request
   retracted queue -- under memory pressure the KV is backed up (cpu_tensor / host_pool) and the
@@ -22,9 +24,12 @@ import logging
 import time
 from typing import List, Optional
 
+import torch
+
 from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT
 from sglang.srt.core.req import Req
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, decode_failure, kv_to_page_indices
+from sglang.srt.managers.schedule_policy import match_prefix
 from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
@@ -48,6 +53,7 @@ class DecodeRole(ServerRole):
         self.prealloc_queue: List[Req] = []
         self.transfer_queue: List[Req] = []
         self.retracted_queue: List[Req] = []
+        self.radix_hit_tokens = 0  # prompt tokens reused from this server's radix tree, not received
         self.kv_manager = None
         self.metadata_buffers = None
         self.metadata_allocator = None
@@ -123,6 +129,7 @@ class DecodeRole(ServerRole):
             "num_transfer_queue_reqs": len(self.transfer_queue),
             "num_retracted_queue_reqs": len(self.retracted_queue),
             "pre_allocated_tokens": sum(r.kv_len for r in self.transfer_queue),
+            "decode_radix_hit_tokens": self.radix_hit_tokens,
         }
         if self.metadata_allocator is not None:
             out["available_metadata_rows"] = self.metadata_allocator.available_size()
@@ -190,23 +197,52 @@ class DecodeRole(ServerRole):
         if state == KVPoll.Bootstrapping:
             return "next"
         n, memory = len(req.origin_input_ids), self.s.memory
-        if self._allocatable_tokens() < n + memory.page_size:
-            return "stop"
         if len(self.s.running_reqs) + len(self.transfer_queue) >= self.s.max_running_requests:
+            return "stop"
+        prefix = self._lock_cached_prefix(req)
+        if self._allocatable_tokens() < n - prefix + memory.page_size:
+            self._unlock_prefix(req)
             return "stop"
         aux = self.metadata_allocator.alloc()
         if aux is None:
+            self._unlock_prefix(req)
             return "stop"
-        slots = memory.reserve([req], [0], [n], init_mamba_state=False)  # the prefill's state lands in its slot
+        slots = memory.reserve([req], [prefix], [n], init_mamba_state=False)  # the prefill's state lands in its slot
         if slots is None:
             self.metadata_allocator.free(aux)
+            self._unlock_prefix(req)
             return "stop"
         req.metadata_idx = aux
+        self.radix_hit_tokens += prefix
         self.prealloc_queue.remove(req)
         self.transfer_queue.append(req)
         state_indices = [[req.mamba_pool_idx]] if req.mamba_pool_idx is not None else None
-        req.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices)
+        req.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
+                                      decode_prefix_len=prefix)
         return "next"
+
+    def _lock_cached_prefix(self, req: Req) -> int:
+        """--disaggregation-decode-enable-radix-cache: the prompt's longest prefix this server
+        already holds (earlier requests' prompts and outputs) is reused and locked; the prefill
+        sends only the pages after it (`decode_prefix_len`). The recurrent state of a hybrid model
+        always comes from the prefill (it summarises the whole prompt), so the prefix needs KV only
+        (it may end where the tree keeps no state) and a state there is not kept locked. Returns
+        the prefix length in tokens (whole pages)."""
+        tree = self.s.memory.tree_cache
+        if tree.disable:
+            return 0
+        match_prefix(req, tree, with_state=False)
+        tree.assign_prefix(req, req.prefix_match)
+        req.prefix_match = None
+        tree.release_prefix_state_lock(req)
+        return len(req.prefix_indices)
+
+    def _unlock_prefix(self, req: Req) -> None:
+        """Undo `_lock_cached_prefix` for a request that waits for memory (matched again next time)."""
+        if req.last_node is not None:
+            self.s.memory.release(req)
+        req.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.cache_protected_len = 0
 
     def _pop_transferred(self, req: Req) -> None:
         state = req.kv_receiver.poll()

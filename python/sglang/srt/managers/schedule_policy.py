@@ -16,14 +16,15 @@ from sglang.srt.core.req import Req
 CLIP_MAX_NEW_TOKENS = 4096  # upstream's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default
 
 
-def match_prefix(req: Req, tree_cache) -> None:
-    """Sets req.prefix_match/prefix_indices from the radix tree (no lock taken here)."""
+def match_prefix(req: Req, tree_cache, with_state: bool = True) -> None:
+    """Sets req.prefix_match/prefix_indices from the radix tree (no lock taken here).
+    `with_state=False`: the request's recurrent state comes from elsewhere (PD decode)."""
     from sglang.srt.mem_cache.radix_key import RadixKey
     from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
 
     req.fill_ids = req.all_ids()
     key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
-    req.prefix_match = tree_cache.match_prefix(MatchPrefixParams(key=key))
+    req.prefix_match = tree_cache.match_prefix(MatchPrefixParams(key=key, with_state=with_state))
     req.prefix_indices = req.prefix_match.device_indices
 
 

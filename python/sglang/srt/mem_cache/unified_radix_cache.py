@@ -148,7 +148,7 @@ class UnifiedRadixCache:
         if self.disable or len(params.key) == 0:
             root = self.core.root
             return MatchResult(torch.empty(0, dtype=torch.int64), root, root, root)
-        values, node = self.core.match(params.key)
+        values, node = self.core.match(params.key, skip=() if params.with_state else (MAMBA,))
         indices = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
         return MatchResult(indices.to(torch.int64), node, node, node)
 
@@ -228,6 +228,11 @@ class UnifiedRadixCache:
             self.mamba_pool.clear_slot(slot)
         else:
             self.mamba_pool.copy_from(src, slot)
+        self._drop_mamba_lock(req.lock_receipt)
+
+    def release_prefix_state_lock(self, req) -> None:
+        """The request never reads its matched prefix's state (a PD decode request gets its state
+        from the prefill): the prefix node's state need not stay locked for it."""
         self._drop_mamba_lock(req.lock_receipt)
 
     def alloc_mamba_slot(self) -> Optional[int]:

@@ -45,8 +45,27 @@ def _reg(item_lens=(100, 60), states=None):
     )
 
 
-def _info(dst_pages, aux=None, state=None):
-    return types.SimpleNamespace(dst_kv_indices=np.array(dst_pages, np.int32), dst_aux_index=aux, dst_state_indices=state or [])
+def _info(dst_pages, aux=None, state=None, decode_prefix_len=0):
+    return types.SimpleNamespace(dst_kv_indices=np.array(dst_pages, np.int32), dst_aux_index=aux,
+                                 dst_state_indices=state or [], decode_prefix_len=decode_prefix_len)
+
+
+def test_pages_the_decode_radix_cache_holds_are_not_sent():
+    """Page size 4, decode holds 8 tokens (2 pages) and gave pages for the other 3 of 5: the first
+    chunk (pages 0-2) sends only page 2, the second (pages 3-4) both, to decode pages [1], [2, 3]."""
+    a = _args()
+    a.page_size = 4
+    info = _info([1, 2, 3], decode_prefix_len=8)
+    first = TransferKVChunk(1, np.array([10, 11, 12], np.int32), slice(0, 3), False, None, None)
+    srcs, dsts, lens = build_chunk_blocks(a, _reg(), info, first)
+    assert srcs == [10_000 + 1200, 20_000 + 720] and dsts == [110_000 + 100, 120_000 + 60] and lens == [100, 60]
+    second = TransferKVChunk(1, np.array([13, 14], np.int32), slice(3, 5), False, None, None)
+    srcs, dsts, lens = build_chunk_blocks(a, _reg(), info, second)
+    assert srcs == [10_000 + 1300, 20_000 + 780] and dsts == [110_000 + 200, 120_000 + 120] and lens == [200, 120]
+    inside = TransferKVChunk(1, np.array([10], np.int32), slice(0, 1), False, None, None)
+    assert build_chunk_blocks(a, _reg(), info, inside) == ([], [], [])
+    with pytest.raises(RuntimeError, match="decode provided 1"):  # decode gave too few pages
+        build_chunk_blocks(a, _reg(), _info([1, 2], decode_prefix_len=8), second)
 
 
 def test_kv_blocks_non_last_chunk():

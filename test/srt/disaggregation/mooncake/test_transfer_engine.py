@@ -8,7 +8,10 @@ from sglang.srt.disaggregation.mooncake.transfer_engine import MooncakeTransferE
 
 @pytest.fixture(scope="module")
 def engines():
-    return MooncakeTransferEngine("127.0.0.1", force_tcp=True), MooncakeTransferEngine("127.0.0.1")
+    with pytest.MonkeyPatch.context() as mp:
+        # an in-process mooncake_tcp ServerArgs of an earlier test leaves MC_FORCE_TCP=1 behind
+        mp.delenv("MC_FORCE_TCP", raising=False)
+        return MooncakeTransferEngine("127.0.0.1", force_tcp=True), MooncakeTransferEngine("127.0.0.1")
 
 
 def test_protocol_and_session_id(engines, monkeypatch):
@@ -17,6 +20,7 @@ def test_protocol_and_session_id(engines, monkeypatch):
     assert default.protocol == "rdma"  # default; Mooncake falls back to TCP without RDMA devices
     host, port = default.get_session_id().rsplit(":", 1)
     assert host == "127.0.0.1" and int(port) == default.engine.get_rpc_port() and default.get_localhost() == "127.0.0.1"
+    monkeypatch.delenv("MC_FORCE_TCP", raising=False)
     monkeypatch.setenv("MOONCAKE_PROTOCOL", "tcp")
     assert MooncakeTransferEngine("127.0.0.1").protocol == "tcp"
 

@@ -3,6 +3,7 @@
 Pulled out of conn.py so the address arithmetic can be read (and tested) on its own:
 * KV: (prefill page, decode page) pairs are split into runs contiguous on both sides; each run is
   one block per layer buffer (every layer's K buffers, then V buffers), `len = item_len * run`.
+  Pages the decode already holds (`decode_prefix_len`, its radix-cache hit) are skipped.
 * Metadata row (last chunk only): row `aux_index` of every aux buffer -> row `dst_aux_index`.
 * State (last chunk only): Mamba: one slot per request, one block per state tensor; other state
   types (SWA, ...): page runs like KV with that tensor's item_len.
@@ -64,9 +65,21 @@ def mamba_state_layout_mismatch(kv_args, reg):
     return None
 
 
-def build_chunk_blocks(kv_args, reg, info, chunk) -> Tuple[List[int], List[int], List[int]]:
+def chunk_pages(info, chunk, page_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """-> (prefill pages, decode pages) of one chunk. A decode server with a radix cache already
+    holds the first `decode_prefix_len` tokens (whole pages) and gave pages for the rest only: the
+    chunk's pages before that point are not sent."""
     src_pages = np.asarray(chunk.prefill_kv_indices, dtype=np.int64)
-    dst_pages = np.asarray(info.dst_kv_indices, dtype=np.int64)[chunk.index_slice]
+    skip = (info.decode_prefix_len or 0) // page_size
+    start = chunk.index_slice.start
+    lo = max(start, skip)
+    src_pages = src_pages[lo - start:]
+    dst_pages = np.asarray(info.dst_kv_indices, dtype=np.int64)[lo - skip: lo - skip + len(src_pages)]
+    return src_pages, dst_pages
+
+
+def build_chunk_blocks(kv_args, reg, info, chunk) -> Tuple[List[int], List[int], List[int]]:
+    src_pages, dst_pages = chunk_pages(info, chunk, kv_args.page_size)
     if len(src_pages) != len(dst_pages):
         raise RuntimeError(
             f"Request {chunk.room}: prefill sends {len(src_pages)} pages for slice "

@@ -14,6 +14,9 @@ from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 @dataclass
 class MatchPrefixParams:
     key: RadixKey
+    # False: the caller brings its own recurrent (Mamba) state, e.g. a PD decode request whose
+    # state the prefill sends; the prefix then needs KV only and may end where no state is stored.
+    with_state: bool = True
 
 
 @dataclass

@@ -132,10 +132,11 @@ class UnifiedTreeCore:
         return node
 
     # ---- match / insert -----------------------------------------------------------------
-    def match(self, key: RadixKey) -> Tuple[List[torch.Tensor], UnifiedTreeNode]:
-        """FULL values along the longest prefix every component can serve, and its last node."""
+    def match(self, key: RadixKey, skip: Tuple[ComponentType, ...] = ()) -> Tuple[List[torch.Tensor], UnifiedTreeNode]:
+        """FULL values along the longest prefix every component (but those in `skip`) can serve,
+        and its last node."""
         key = key.page_aligned(self.page_size)
-        validators = [c.new_match_validator() for c in self.aux_components]
+        validators = [c.new_match_validator() for c in self.aux_components if c.component_type not in skip]
         node, pos = self.root, 0
         path: List[Tuple[UnifiedTreeNode, int]] = []
         best = 0  # number of path entries in the best usable prefix
