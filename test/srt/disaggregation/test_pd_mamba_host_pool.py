@@ -2,9 +2,12 @@
 upstream) through a 1P1D deployment over Mooncake TCP behind the real sglang-router: a decode
 server with a tiny KV pool retracts, backs the KV up to its host KV pool and the Mamba state to
 its host state pool, resumes with nothing recomputed, and gives exactly a plain server's greedy
-text; afterwards every host page and state slot is free and the server keeps serving."""
+text; afterwards every host page and state slot is free and the server keeps serving. Then waves
+of long requests are aborted (the decode server's /abort_request) while many of them wait
+retracted, until at least 100 were aborted that way: every backup is freed."""
 
 import concurrent.futures as cf
+import time
 
 import pytest
 import requests
@@ -59,6 +62,46 @@ def test_hybrid_host_pool_retraction_through_the_router(arch, tmp_path):
         again = requests.post(url(ports["router"]) + "/generate", json={"text": prompts[0], "sampling_params": params},
                               timeout=120)
         assert again.status_code == 200 and again.json()["text"] == plain[0]["text"]
+
+        aborted_retracted, waves = _abort_while_retracted(url(ports["router"]), url(ports["decode"]), target=100)
+        assert aborted_retracted >= 100, (aborted_retracted, waves)
+        state = requests.get(url(ports["decode"]) + "/server_info", timeout=30).json()["internal_states"][0]
+        backup = state["retraction_backup"]
+        assert backup["live_backups"] == 0 and backup["host_pool_available"] == backup["host_pool_size"]
+        assert backup["mamba_host_slots_free"] == backup["mamba_host_slots_total"]
+        assert state["num_running_reqs"] == 0 and state["num_recomputed_tokens"] == 0
+        again = requests.post(url(ports["router"]) + "/generate", json={"text": prompts[1], "sampling_params": params},
+                              timeout=120)
+        assert again.status_code == 200 and again.json()["text"] == plain[1]["text"]
     finally:
         for p in reversed(procs):
             stop_server(p)
+
+
+def _abort_while_retracted(router: str, decode: str, target: int, width: int = 12, max_waves: int = 40):
+    """Sends waves of `width` long requests through the router; once several wait in the decode
+    server's retracted queue, aborts them all there. Returns (requests that were waiting retracted
+    when their abort came, as /server_info counted them just before it; waves)."""
+    params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True}
+    total = 0
+    for wave in range(max_waves):
+        with cf.ThreadPoolExecutor(width) as ex:
+            futs = [ex.submit(requests.post, router + "/generate",
+                              json={"text": f"wave {wave}, request {i}: once upon a time", "sampling_params": params},
+                              timeout=120) for i in range(width)]
+            retracted, deadline = 0, time.monotonic() + 60
+            while time.monotonic() < deadline and not all(f.done() for f in futs):
+                state = requests.get(decode + "/server_info", timeout=30).json()["internal_states"][0]
+                retracted = state["disaggregation"]["num_retracted_queue_reqs"]
+                if retracted >= width // 2:
+                    break
+                time.sleep(0.02)
+            requests.post(decode + "/abort_request", json={"rid": "", "abort_all": True}, timeout=30)
+            outs = [f.result() for f in futs]
+        assert all(o.status_code == 200 for o in outs), [o.text for o in outs if o.status_code != 200]
+        reasons = [o.json()["meta_info"]["finish_reason"]["type"] for o in outs]
+        assert reasons.count("abort") >= retracted, (reasons, retracted)
+        total += retracted
+        if total >= target:
+            return total, wave + 1
+    return total, max_waves
