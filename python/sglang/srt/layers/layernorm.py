@@ -41,3 +41,25 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm with a zero-centred weight, `norm(x) * (1 + w)`, all in fp32 before the cast back
+    (HF Qwen3-Next / Qwen3.5; a zero weight is the identity). Same fused-residual form as RMSNorm."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.variance_epsilon = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x.float(), (x.shape[-1],), None, self.variance_epsilon)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

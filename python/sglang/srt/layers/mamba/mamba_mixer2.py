@@ -164,7 +164,7 @@ class MambaMixer2(nn.Module):
         proj = self.intermediate_size + self.conv_dim + num_heads
         self.in_proj = ReplicatedLinear(hidden_size, proj, bias=in_proj_bias)
         # HF's nn.Conv1d weight layout [conv_dim, 1, kernel]; depthwise.
-        self.conv1d = _DepthwiseConvParams(self.conv_dim, conv_kernel_size, use_conv_bias)
+        self.conv1d = DepthwiseConvParams(self.conv_dim, conv_kernel_size, use_conv_bias)
         self.dt_bias = nn.Parameter(torch.empty(num_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(num_heads), requires_grad=False)
         self.D = nn.Parameter(torch.empty(num_heads), requires_grad=False)
@@ -249,7 +249,7 @@ class MambaMixer2(nn.Module):
         return self.out_proj(y.to(hidden_states.dtype))
 
 
-class _DepthwiseConvParams(nn.Module):
+class DepthwiseConvParams(nn.Module):
     """Holds `weight` [dim, 1, kernel] and `bias` [dim] under the names `conv1d.weight/bias`."""
 
     def __init__(self, dim: int, kernel: int, bias: bool):
