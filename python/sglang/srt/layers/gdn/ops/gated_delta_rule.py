@@ -85,7 +85,7 @@ def _gated_delta_rule_kernel(
         delta = (v - tl.sum(state * k[:, None], axis=0)) * beta  # what S does not yet predict
         state = state + k[:, None] * delta[None, :]
         o = tl.sum(state * q[:, None], axis=0)
-        o = o
+        o = tl.where(valid, o, 0.0)
         tl.store(Out + t * o_t + h * o_h + offs_v * o_d, o.to(Out.dtype.element_ty), mask=mask_v)
 
     so_ptrs = StateOut + slot * so_b + h * so_h + offs_k[:, None] * so_k + offs_v[None, :] * so_v
