@@ -21,7 +21,7 @@ from sglang.test.tiny_models import make_tiny_model
 SEED_MESSAGE = "Host-pool retraction does not support Mamba models."
 
 
-@pytest.fixture(scope="module", params=["nemotron_h", "falcon_h1"])
+@pytest.fixture(scope="module", params=["nemotron_h", "falcon_h1", "qwen3_next"])
 def arch_models(request, tmp_path_factory):
     d = make_tiny_model(str(tmp_path_factory.mktemp("decode_" + request.param)), request.param, seed=5)
     return request.param, d, load_hf_model(d)

@@ -68,3 +68,15 @@ def test_greedy_tokens_match_hf_generate(arch, runner):
     hf_out = arch[2].generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                               use_cache=True, pad_token_id=0)
     assert hybrid_greedy(runner, prompt, n) == hf_out[0, len(prompt):].tolist()
+
+
+def test_triton_kernels_in_the_model_match_hf(tmp_path, monkeypatch):
+    """The GPU path (Triton conv1d and gated delta rule kernels, here in Triton's interpreter)
+    through the whole model: HF's logits for a prefill and 3 decode steps (one config: the
+    kernels do not depend on the projection layout)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("SGLANG_GDN_OPS", "triton")
+    d = make_tiny_model(str(tmp_path / "next"), "qwen3_next", seed=4)
+    prompt = random_prompt(21, seed=7)
+    ref = hf_reference(load_hf_model(d), prompt, 3)
+    assert_trace_close(hybrid_logits(_runner(d), prompt, ref.tokens), ref)
