@@ -6,7 +6,7 @@ gated delta rule's 64-token chunks; ragged batches in scattered slots; HF's gree
 import pytest
 import torch
 
-from mamba_hybrid_driver import HybridDriver, hybrid_batch_logits, hybrid_greedy, hybrid_logits
+from mamba_hybrid_driver import hybrid_batch_logits, hybrid_greedy, hybrid_logits
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.test.hf_parity import assert_trace_close, hf_reference, load_hf_model, random_prompt

@@ -41,10 +41,9 @@ def gdn_ops(device: torch.device):
     if choice not in GDN_OPS_BACKENDS:
         raise ValueError(f"SGLANG_GDN_OPS must be one of {GDN_OPS_BACKENDS}, got {choice!r}")
     if choice == "triton":
-        from sglang.srt.layers.gdn import ops  # noqa: F401  (sets up Triton)
+        # (importing the ops packages sets Triton up: its interpreter when no GPU exists)
         from sglang.srt.layers.gdn.ops.gated_delta_rule import (chunk_gated_delta_rule,
                                                                 fused_recurrent_gated_delta_rule_update)
-        from sglang.srt.layers.mamba import ops as mamba_ops  # noqa: F401
         from sglang.srt.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
     else:
         from sglang.srt.layers.gdn.torch_ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule_update
