@@ -80,3 +80,23 @@ def test_triton_kernels_in_the_model_match_hf(tmp_path, monkeypatch):
     prompt = random_prompt(21, seed=7)
     ref = hf_reference(load_hf_model(d), prompt, 3)
     assert_trace_close(hybrid_logits(_runner(d), prompt, ref.tokens), ref)
+
+
+def test_qwen3_5_vision_language_checkpoint_serves_its_language_model(tmp_path):
+    """Qwen3.5 ships as vision-language checkpoints (`Qwen3_5MoeForConditionalGeneration`,
+    text fields under `text_config`, weights under `model.language_model.`): served as a text
+    model, HF's logits."""
+    from transformers import AutoModelForImageTextToText, Qwen3_5MoeConfig
+
+    from sglang.test.tiny_models import tiny_config_dict
+
+    text = tiny_config_dict("qwen3_5_moe", vocab_size=49152)
+    text.pop("model_type"), text.pop("architectures")
+    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+                                                                out_hidden_size=64))
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(cfg).save_pretrained(str(tmp_path))
+    assert ModelConfig.from_path(str(tmp_path)).attention_layer_ids == [1, 3]
+    prompt = random_prompt(30, seed=2)
+    ref = hf_reference(load_hf_model(str(tmp_path)), prompt, 4)
+    assert_trace_close(hybrid_logits(_runner(str(tmp_path)), prompt, ref.tokens), ref)

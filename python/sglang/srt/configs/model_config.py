@@ -19,6 +19,8 @@ HYBRID_SSM_ARCHITECTURES = {
     "Qwen3NextForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
     "GraniteMoeHybridForCausalLM",
     "JambaForCausalLM",
     "Zamba2ForCausalLM",
@@ -88,6 +90,9 @@ class ModelConfig:
     def from_dict(cls, cfg: dict, model_path: str = "", context_length: Optional[int] = None) -> "ModelConfig":
         archs = cfg.get("architectures") or [""]
         arch = archs[0]
+        if isinstance(cfg.get("text_config"), dict) and "num_hidden_layers" not in cfg:
+            # a vision-language checkpoint (e.g. Qwen3.5): the language model's fields are nested
+            cfg = {**cfg, **cfg["text_config"], "architectures": archs}
         num_layers = int(cfg.get("num_hidden_layers", cfg.get("n_layer", 0)) or 0)
         if not num_layers and (cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")):
             # transformers 5 NemotronHConfig.to_dict() writes only the per-layer list.

@@ -16,7 +16,8 @@ a shared expert (`layers/moe.py`) or a dense gated MLP:
 Only full-attention layers own KV (`ModelConfig.attention_layer_ids`); the DeltaNet layers
 report `mamba_layer_ids` / `mamba_state_shapes` so the runner sizes the state pool for them.
 Checkpoint names: `model.` (text models) or `model.language_model.` (Qwen3.5 vision-language
-checkpoints: the vision tower is skipped); `mtp.` (multi-token prediction) is skipped.
+checkpoints, `*ForConditionalGeneration`: served as text models, the vision tower `model.visual.`
+is not loaded, image inputs are not supported); `mtp.` (multi-token prediction) is skipped.
 """
 
 from __future__ import annotations
@@ -257,6 +258,26 @@ class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     @staticmethod
     def moe_layers(config: Any) -> List[bool]:
         return [True] * config.num_hidden_layers
+
+
+def _text_part(config: Any) -> Any:
+    """The language model's config of a vision-language checkpoint (tie flag from the top level)."""
+    text = config.text_config
+    if getattr(config, "tie_word_embeddings", None) is not None:
+        text.tie_word_embeddings = config.tie_word_embeddings
+    return text
+
+
+class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+    """Qwen3.5 vision-language checkpoints served as text models (the vision tower is not loaded)."""
+
+    def __init__(self, config: Any, model_config=None):
+        super().__init__(_text_part(config), model_config)
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
+    def __init__(self, config: Any, model_config=None):
+        super().__init__(_text_part(config), model_config)
 
 
 EntryClass = Qwen3NextForCausalLM

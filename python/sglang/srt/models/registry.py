@@ -18,6 +18,8 @@ _MODELS: Dict[str, tuple] = {
     "Qwen3NextForCausalLM": ("sglang.srt.models.qwen3_next", "Qwen3NextForCausalLM"),
     "Qwen3_5ForCausalLM": ("sglang.srt.models.qwen3_next", "Qwen3_5ForCausalLM"),
     "Qwen3_5MoeForCausalLM": ("sglang.srt.models.qwen3_next", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("sglang.srt.models.qwen3_next", "Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForConditionalGeneration": ("sglang.srt.models.qwen3_next", "Qwen3_5MoeForConditionalGeneration"),
 }
 
 
