@@ -100,3 +100,15 @@ def test_qwen3_5_vision_language_checkpoint_serves_its_language_model(tmp_path):
     prompt = random_prompt(30, seed=2)
     ref = hf_reference(load_hf_model(str(tmp_path)), prompt, 4)
     assert_trace_close(hybrid_logits(_runner(str(tmp_path)), prompt, ref.tokens), ref)
+
+
+def test_bfloat16_keeps_the_delta_rule_state_in_float32(arch):
+    """As HF and the FLA kernels: the key x value state stays float32 in a bf16 model unless
+    --mamba-ssm-dtype says otherwise; the conv state follows the model dtype."""
+    bf16 = _runner(arch[1], dtype="bfloat16")
+    assert bf16.memory.mamba_pool.ssm_state.dtype == torch.float32
+    assert bf16.memory.mamba_pool.conv_state.dtype == torch.bfloat16
+    assert _runner(arch[1], dtype="bfloat16", mamba_ssm_dtype="bfloat16").memory.mamba_pool.ssm_state.dtype == torch.bfloat16
+    prompt = random_prompt(30, seed=10)
+    trace = hybrid_logits(bf16, prompt, [1, 2])
+    assert torch.isfinite(trace.prefill).all() and all(torch.isfinite(t).all() for t in trace.decode)

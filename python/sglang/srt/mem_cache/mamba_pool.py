@@ -163,14 +163,17 @@ def _elem(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
 
 
-def resolve_mamba_ssm_dtype(name: Optional[str], hf_config: Any, model_dtype: torch.dtype) -> torch.dtype:
-    """--mamba-ssm-dtype when given, else the checkpoint's `mamba_ssm_cache_dtype`, else the model dtype."""
+def resolve_mamba_ssm_dtype(name: Optional[str], hf_config: Any, model_dtype: torch.dtype,
+                            model_default: Optional[torch.dtype] = None) -> torch.dtype:
+    """--mamba-ssm-dtype when given, else the checkpoint's `mamba_ssm_cache_dtype`, else the
+    model's own default (`model_default`: gated-DeltaNet models keep float32 states, as HF), else
+    the model dtype."""
     if name is None:
         name = getattr(hf_config, "mamba_ssm_cache_dtype", None)
         if isinstance(name, torch.dtype):
             return name
     if name is None or name == "auto":
-        return model_dtype
+        return model_default or model_dtype
     if name not in _SSM_DTYPES:
         raise ValueError(f"--mamba-ssm-dtype {name!r} is not supported; choose one of {sorted(_SSM_DTYPES)}")
     return _SSM_DTYPES[name]

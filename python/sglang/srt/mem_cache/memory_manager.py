@@ -47,6 +47,7 @@ class MambaLayout:
     conv_shape: Tuple[int, ...]
     ssm_shape: Tuple[int, ...]
     hf_config: Any = None  # the checkpoint's config (its mamba_ssm_cache_dtype, if any)
+    state_dtype: Optional[torch.dtype] = None  # the model's default for the recurrent state, if any
 
 
 def available_memory_bytes(device: str) -> int:
@@ -142,7 +143,7 @@ class MemoryManager:
         )
 
         c = self.config
-        ssm_dtype = resolve_mamba_ssm_dtype(c.mamba_ssm_dtype, layout.hf_config, model_dtype)
+        ssm_dtype = resolve_mamba_ssm_dtype(c.mamba_ssm_dtype, layout.hf_config, model_dtype, layout.state_dtype)
         per_slot = MambaPool.bytes_per_slot_for(len(layout.layer_ids), layout.conv_shape, layout.ssm_shape,
                                                 model_dtype, ssm_dtype)
         # A slot per running request unless the user sets the size; the radix cache's MAMBA
@@ -344,4 +345,5 @@ def mamba_layout_of(model, hf_config) -> Optional[MambaLayout]:
     if not layer_ids:
         return None
     conv_shape, ssm_shape = model.mamba_state_shapes()
-    return MambaLayout(layer_ids, tuple(conv_shape), tuple(ssm_shape), hf_config)
+    return MambaLayout(layer_ids, tuple(conv_shape), tuple(ssm_shape), hf_config,
+                       getattr(model, "mamba_state_dtype", None))

@@ -151,6 +151,9 @@ class HybridModel(nn.Module):
 
 class Qwen3NextForCausalLM(nn.Module):
     gdn_layout = "qkvz"
+    # HF and the FLA kernels keep the key x value state in float32 whatever the model dtype;
+    # the state pool does too unless --mamba-ssm-dtype (or the checkpoint) says otherwise.
+    mamba_state_dtype = torch.float32
     stacked_params_mapping: List[Tuple[str, str, Any]] = [
         (".gate_up_proj", ".gate_proj", 0),
         (".gate_up_proj", ".up_proj", 1),
