@@ -30,6 +30,9 @@ def test_role_templates_route_flags():
     assert prefill[prefill.index("--disaggregation-mode") + 1] == "prefill"
     assert decode[decode.index("--disaggregation-decode-retraction-backup") + 1] == "host_pool"
     assert "--disaggregation-bootstrap-port" not in " ".join(decode)
+    assert prefill.count("--enable-metrics") == 1 == decode.count("--enable-metrics")  # on by default
+    args, common = parse_args(["--model-path", "m", "--", "--enable-metrics"])
+    assert role_flags("decode", common, args).count("--enable-metrics") == 1
 
 
 def test_check_only_rejects_a_bad_role_before_launch(tmp_path):
@@ -73,6 +76,58 @@ def _clients_shapes_then_pools_free(router, ports):
     for u in servers + [router]:
         assert requests.get(u + "/health", timeout=10).status_code == 200
     assert_pools_restored(servers)
+    _metrics_moved(servers)
+
+
+def _metrics_moved(servers):
+    """launch_pd turns --enable-metrics on: both roles count what they served, their queues are
+    empty again, the prefill counted its KV transfers (upstream's names, prometheus' parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = []
+    for u in servers:
+        r = requests.get(u + "/metrics", timeout=30)
+        assert r.status_code == 200
+        out = {}
+        for fam in text_string_to_metric_families(r.text):
+            for smp in fam.samples:
+                out[smp.name] = out.get(smp.name, 0.0) + smp.value
+        values.append(out)
+    prefill, decode = values
+    for m in values:
+        assert m["sglang:num_requests_total"] > 0 and m["sglang:num_running_reqs"] == 0
+    assert prefill["sglang:num_kv_transfers_total"] > 0 and prefill["sglang:kv_transfer_bytes_total"] > 0
+    assert prefill["sglang:kv_transfer_latency_ms"] > 0 and prefill["sglang:kv_transfer_speed_gb_s"] > 0
+    assert prefill["sglang:num_prefill_bootstrap_queue_reqs"] == 0 == prefill["sglang:num_prefill_inflight_queue_reqs"]
+    assert decode["sglang:num_decode_prealloc_queue_reqs"] == 0 == decode["sglang:num_decode_transfer_queue_reqs"]
+    assert decode["sglang:generation_tokens_total"] > 0 and decode["sglang:num_retracted_reqs"] == 0
+    assert "sglang:num_kv_transfer_failures_total" in decode
+
+
+def _web_page_chats_through_the_router(decode_url):
+    """As docs/pd.md says: the decode server's page (headless Chromium) sends its chat through the
+    router (a decode server alone cannot serve it) and shows the decode server's state."""
+    from sglang.test.browser import chromium_missing_reason, headless_chromium
+
+    reason = chromium_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = headless_chromium()
+    try:
+        driver.get(decode_url + "/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#model option"))
+        driver.find_element(By.ID, "prompt").send_keys("Hello there")
+        driver.find_element(By.ID, "send").click()
+        wait.until(lambda d: "tok/s" in d.find_element(By.ID, "speed").text)
+        assert driver.find_element(By.CSS_SELECTOR, ".msg.assistant .body").text.strip()
+        assert driver.find_element(By.ID, "mode").text == "decode"
+        assert not driver.find_element(By.ID, "error").is_displayed()
+    finally:
+        driver.quit()
 
 
 def _member_pid(root_pid, role):
@@ -121,6 +176,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
             assert cores in affinities, (role, affinities)
             assert f"bound to cores {format_cores(cores)}" in log_path.read_text(errors="replace")
         _clients_shapes_then_pools_free(router, ports)
+        _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
         _member_pid(proc.pid, "decode").kill()
         assert _serves(router, 120), "the deployment did not serve again after the decode restart"
         log = log_path.read_text(errors="replace")

@@ -422,12 +422,14 @@ def test_metrics(server):
     payload = {"text": "Streaming tokens", "sampling_params": GREEDY, "stream": True}
     with server["http"].post(server["url"] + "/generate", json=payload, stream=True, timeout=60) as r:
         last = [json.loads(x[6:]) for x in r.content.decode().split("\n\n") if x.startswith("data: {")][-1]
+    assert server["http"].get(server["url"] + "/health_generate", timeout=60).status_code == 200
     after = _metrics(server)
     meta, smeta = res["meta_info"], last["meta_info"]
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     assert d["sglang:prompt_tokens_total"] == meta["prompt_tokens"] + smeta["prompt_tokens"]
     assert d["sglang:generation_tokens_total"] == 16
-    assert d["sglang:num_requests_total"] == 2
+    assert d["sglang:num_requests_total"] == 2  # the health check is not a request
+    assert d["sglang:num_requests_received_total"] == 2
     assert d["sglang:e2e_request_latency_seconds_count"] == 2
     assert d["sglang:time_to_first_token_seconds_count"] == 1
     assert d["sglang:inter_token_latency_seconds_count"] >= 1

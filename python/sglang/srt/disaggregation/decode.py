@@ -54,6 +54,7 @@ class DecodeRole(ServerRole):
         self.transfer_queue: List[Req] = []
         self.retracted_queue: List[Req] = []
         self.radix_hit_tokens = 0  # prompt tokens reused from this server's radix tree, not received
+        self.num_transfer_failures = 0
         self.kv_manager = None
         self.metadata_buffers = None
         self.metadata_allocator = None
@@ -130,6 +131,7 @@ class DecodeRole(ServerRole):
             "num_retracted_queue_reqs": len(self.retracted_queue),
             "pre_allocated_tokens": sum(r.kv_len for r in self.transfer_queue),
             "decode_radix_hit_tokens": self.radix_hit_tokens,
+            "num_kv_transfer_failures": self.num_transfer_failures,
         }
         if self.metadata_allocator is not None:
             out["available_metadata_rows"] = self.metadata_allocator.available_size()
@@ -288,6 +290,7 @@ class DecodeRole(ServerRole):
         req.kv_receiver.clear()
         req.kv_receiver = None
         status, text = decode_failure(message)
+        self.num_transfer_failures += status is None or status >= 500
         if status is not None and status < 500:  # the prefill refused the request itself (a client error)
             req.to_abort = FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError")
         else:

@@ -50,7 +50,10 @@ def role_flags(role: str, common: Sequence[str], args) -> List[str]:
     else:
         out += ["--port", str(args.decode_port),
                 "--disaggregation-decode-retraction-backup", args.decode_retraction_backup]
-    for group in _split_flags(common):
+    groups = _split_flags(common)
+    if not any(g[0].split("=", 1)[0] == "--enable-metrics" for g in groups):
+        out.append("--enable-metrics")  # a deployment is operated: /metrics on both servers
+    for group in groups:
         flag = group[0].split("=", 1)[0]
         if role == "prefill" and flag.startswith(DECODE_ONLY_PREFIXES):
             continue
@@ -161,6 +164,7 @@ def parse_args(argv: Sequence[str]):
 
 def main(argv: Sequence[str] = None) -> int:
     from sglang.srt.disaggregation.pd_supervisor import Deployment, Member, log
+    from sglang.srt.entrypoints.web_ui import WEB_API_BASE_ENV
 
     args, common = parse_args(sys.argv[1:] if argv is None else argv)
     roles = {role: role_flags(role, common, args) for role in ("prefill", "decode")}
@@ -174,10 +178,13 @@ def main(argv: Sequence[str] = None) -> int:
 
     cores = role_core_binding(os.environ)
     print(f"[launch_pd] cores: prefill {cores['prefill']}, decode {cores['decode']} ({ENV})", flush=True)
+    # The web page of each server sends its chat through the router (a PD server alone cannot
+    # serve a request) and shows its own server's state.
+    web_env = {WEB_API_BASE_ENV: f"{base}:{args.port}"}
     members = [
         Member(role, [sys.executable, "-m", "sglang.launch_server", *roles[role]],
                f"{base}:{args.prefill_port if role == 'prefill' else args.decode_port}", args.startup_timeout,
-               wait_healthy, env={**os.environ, ENV: cores[role]})
+               wait_healthy, env={**os.environ, ENV: cores[role], **web_env})
         for role in ("prefill", "decode")
     ]
     members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy))
@@ -191,6 +198,8 @@ def main(argv: Sequence[str] = None) -> int:
         deployment.start()
         log(f"PD deployment ready: http://{args.host}:{args.port} (prefill :{args.prefill_port}, "
             f"decode :{args.decode_port}, bootstrap :{args.bootstrap_port})")
+        log(f"web page: http://{args.host}:{args.decode_port}/ (chat through the router, the decode "
+            f"server's live view; the prefill's at :{args.prefill_port}/)")
         return deployment.supervise()
     except KeyboardInterrupt:
         return 0

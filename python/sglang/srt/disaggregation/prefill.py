@@ -48,6 +48,9 @@ class PrefillRole(ServerRole):
         self.fake_sender_cls = get_kv_class("fake", KVClassType.SENDER)
         self.bootstrap_queue: List[Req] = []
         self.inflight_queue: List[Req] = []
+        # KV transfers (for /metrics): counts, bytes, and the last one's latency and speed.
+        self.transfer_stats = {"num_kv_transfers": 0, "num_kv_transfer_failures": 0, "kv_transfer_bytes": 0,
+                               "kv_transfer_latency_ms": 0.0, "kv_transfer_speed_gb_s": 0.0}
 
     def has_work(self) -> bool:
         return bool(self.bootstrap_queue or self.inflight_queue)
@@ -58,6 +61,7 @@ class PrefillRole(ServerRole):
             "num_inflight_queue_reqs": len(self.inflight_queue),
             "available_metadata_rows": self.metadata_allocator.available_size(),
             "metadata_rows": self.metadata_allocator.size,
+            **self.transfer_stats,
         }
 
     def add(self, req: Req, recv) -> None:
@@ -175,6 +179,7 @@ class PrefillRole(ServerRole):
         state = req.kv_sender.poll()
         if state == KVPoll.Success:
             self.inflight_queue.remove(req)
+            self._record_transfer(req)
             req.finished_reason = req.to_abort or FINISH_LENGTH(length=0)
             self._release(req, insert=True)
             self.s.emit([req])
@@ -182,10 +187,21 @@ class PrefillRole(ServerRole):
             self.inflight_queue.remove(req)
             self._abort_failed(req)
 
+    def _record_transfer(self, req: Req) -> None:
+        m = req.kv_sender.get_transfer_metric()
+        st = self.transfer_stats
+        st["num_kv_transfers"] += 1
+        seconds, nbytes = m.transfer_latency_s or 0.0, m.transfer_total_bytes or 0
+        st["kv_transfer_bytes"] += nbytes
+        if seconds > 0:
+            st["kv_transfer_latency_ms"] = seconds * 1e3
+            st["kv_transfer_speed_gb_s"] = nbytes / seconds / 1e9
+
     def _abort_failed(self, req: Req) -> None:
         if req.kv_sender.aborted_by_peer():  # the client went away on the decode side: no error here
             self._abort(req, ABORTED_BY_DECODE, None)
         else:
+            self.transfer_stats["num_kv_transfer_failures"] += 1
             self._abort(req, self._failure_message(req))
 
     def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:

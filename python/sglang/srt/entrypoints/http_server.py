@@ -40,6 +40,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.web_ui import add_web_routes, is_public_path
 from sglang.srt.server_args_compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
     FAKE_BOOTSTRAP_HOST,
@@ -282,6 +283,8 @@ def build_app(state: ServerState) -> FastAPI:
         state.tokenizer_manager.abort_request(obj.rid, obj.abort_all)
         return Response(status_code=200)
 
+    add_web_routes(app, state)
+
     if state.server_args.enable_metrics and state.metrics is not None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -299,7 +302,8 @@ def build_app(state: ServerState) -> FastAPI:
 
 def _add_api_key_middleware(app: FastAPI, api_key: str) -> None:
     """Upstream's rule: every route needs `Authorization: Bearer KEY`, except the health checks
-    and /metrics (scraped by monitoring without credentials).
+    and /metrics (scraped by monitoring without credentials); here also the web page's own files
+    (`web_ui.is_public_path`: they hold no data, and the page asks for the key).
 
     A plain ASGI middleware, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hides
     the client's `http.disconnect` from the route, and the TokenizerManager relies on
@@ -316,7 +320,7 @@ class _ApiKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        if path.startswith("/health") or path.startswith("/metrics"):
+        if path.startswith("/health") or path.startswith("/metrics") or is_public_path(path):
             return await self.app(scope, receive, send)
         auth = dict(scope["headers"]).get(b"authorization")
         if auth != self.expected:

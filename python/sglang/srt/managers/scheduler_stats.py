@@ -73,6 +73,7 @@ class SchedulerStatsMixin:
         return {
             "num_waiting_reqs": len(self.waiting_queue),
             "num_running_reqs": len(self.running_reqs),
+            "num_grammar_queue_reqs": len(self.grammar_manager.queue) if self.grammar_manager is not None else 0,
             **self.memory.stats(),
             "max_running_requests": self.max_running_requests,
             "num_retracted_reqs_total": self.num_retracted_total,

@@ -26,7 +26,6 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReq,
     GetInternalStateReqOutput,
     RejectedRequest,
-    TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_expansion import expand_request
 from sglang.srt.managers.request_logger import RequestLogger
@@ -88,6 +87,8 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.gracefully_exit = False
         self.metrics = None  # set by the HTTP server when --enable-metrics
+        # Running totals of finished requests (health checks excluded), for the web page.
+        self.totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
         self.request_logger = RequestLogger.from_server_args(server_args)  # --log-requests
 
     # --- request in ------------------------------------------------------------------------------
@@ -143,9 +144,9 @@ class TokenizerManager:
             self.rid_to_state[t.rid] = state
             states.append(state)
         self.send_to_scheduler.send_pyobj(tokenized if len(tokenized) > 1 else tokenized[0])
-        for t in tokenized:
-            if self.metrics is not None:
-                self.metrics.on_request_start(len(t.input_ids))
+        for e, t in zip(entries, tokenized):
+            if self.metrics is not None and e.log_metrics:  # health checks are not requests
+                self.metrics.on_request_start(t.rid, len(t.input_ids))
         for e in entries:
             if self.request_logger is not None:
                 self.request_logger.on_receive(e)
@@ -313,15 +314,25 @@ class TokenizerManager:
                     # e.g. the detokenizer failed it: make sure the scheduler stops it too (a no-op
                     # when the scheduler is the one that ended it).
                     self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
-                if self.metrics is not None:
-                    self.metrics.on_request_finish(out.prompt_tokens[i], out.completion_tokens[i], out.cached_tokens[i],
-                                                   meta["e2e_latency"])
+                if st.obj.log_metrics:
+                    self._count_finished(out, i)
+                if self.metrics is not None and st.obj.log_metrics:
+                    self.metrics.on_request_finish(rid, out.prompt_tokens[i], out.completion_tokens[i],
+                                                   out.cached_tokens[i], meta["e2e_latency"],
+                                                   aborted=reason.get("type") == "abort")
                 if self.request_logger is not None:
                     self.request_logger.on_finish(st.obj, item)
-            elif self.metrics is not None:
+            elif self.metrics is not None and st.obj.log_metrics:
                 self.metrics.on_tokens(rid, out.completion_tokens[i])
             st.out_list.append(item)
             st.event.set()
+
+    def _count_finished(self, out: BatchStrOutput, i: int) -> None:
+        t = self.totals
+        t["requests"] += 1
+        t["prompt_tokens"] += out.prompt_tokens[i]
+        t["cached_tokens"] += out.cached_tokens[i]
+        t["completion_tokens"] += out.completion_tokens[i]
 
     def _add_logprobs(self, meta: dict, st: ReqState, out: BatchStrOutput, i: int) -> None:
         st.output_token_logprobs.extend(out.output_token_logprobs[i] or [])

@@ -1,13 +1,15 @@
 """Prometheus metrics with upstream SGLang's names (`sglang:` prefix), in one registry.
 
 Two sources feed it:
-- the TokenizerManager's `.metrics` hook, called on every output it receives:
-  `on_request_start(prompt_tokens)`, `on_tokens(rid, completion_tokens)` for streamed chunks,
-  `on_request_finish(prompt_tokens, completion_tokens, cached_tokens, e2e_latency)`;
-  these drive the token counters and the TTFT / inter-token / end-to-end latency histograms;
+- the TokenizerManager's `.metrics` hook, called on every output it receives (not for health
+  checks: requests with `log_metrics=False`): `on_request_start(rid, prompt_tokens)`,
+  `on_tokens(rid, completion_tokens)` for streamed chunks, `on_request_finish(rid, prompt_tokens,
+  completion_tokens, cached_tokens, e2e_latency, aborted)`; these drive the token and request
+  counters and the TTFT / inter-token / end-to-end latency histograms;
 - a snapshot of the scheduler's internal state, refreshed by the `/metrics` route right
-  before rendering (queue lengths, KV usage, retractions): scraping asks the scheduler
-  instead of having the scheduler push numbers nobody reads.
+  before rendering (queues of every role, KV / host-pool / Mamba-slot occupancy, retractions,
+  KV transfers): scraping asks the scheduler instead of having the scheduler push numbers
+  nobody reads. `docs/metrics.md` lists every metric.
 
 TTFT and inter-token latency are observed for streamed requests: only those send their
 first tokens before they finish. The cache hit rate is cumulative (cached prompt tokens over
@@ -49,6 +51,7 @@ class ServerMetricsCollector:
         self.cached_tokens = counter("sglang:cached_tokens", "Number of cached prompt tokens.")
         self.num_requests = counter("sglang:num_requests", "Number of requests processed.")
         self.num_requests_received = counter("sglang:num_requests_received", "Number of requests received.")
+        self.num_aborted_requests = counter("sglang:num_aborted_requests", "Number of requests aborted.")
         self.ttft = histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
         self.itl = histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -66,7 +69,7 @@ class ServerMetricsCollector:
         self.registry.register(_SchedulerStateCollector(self))
 
     # --- TokenizerManager hook ------------------------------------------------------------------
-    def on_request_start(self, prompt_tokens: int) -> None:
+    def on_request_start(self, rid: str, prompt_tokens: int) -> None:
         self.num_requests_received.inc()
 
     def on_tokens(self, rid: str, completion_tokens: int) -> None:
@@ -86,9 +89,12 @@ class ServerMetricsCollector:
             self._streams[rid] = (now, completion_tokens)
             self._prune_streams()
 
-    def on_request_finish(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
-                          e2e_latency: float) -> None:
+    def on_request_finish(self, rid: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+                          e2e_latency: float, aborted: bool = False) -> None:
         with self._lock:
+            self._streams.pop(rid, None)
+            if aborted:
+                self.num_aborted_requests.inc()
             self.prompt_tokens.inc(prompt_tokens)
             self.generation_tokens.inc(completion_tokens)
             self.cached_tokens.inc(cached_tokens)
@@ -104,7 +110,7 @@ class ServerMetricsCollector:
         return getattr(st, "created_time", None)
 
     def _prune_streams(self) -> None:
-        """The finish hook carries no rid: forget streams whose request is gone, now and then."""
+        """Streams whose finish never came (the client went away first): forgotten now and then."""
         states = getattr(self.tokenizer_manager, "rid_to_state", None)
         if states is None or len(self._streams) <= 2 * len(states) + 64:
             return
@@ -156,6 +162,59 @@ class _SchedulerStateCollector:
         yield gauge("sglang:token_usage", "The token usage.", used / max_total if max_total else 0.0)
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", o.cache_hit_rate())
         yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", o.gen_throughput)
-        c = CounterMetricFamily("sglang:num_retracted_requests", "Number of retracted requests.", labels=names)
-        c.add_metric(values, float(st.get("num_retracted_reqs_total", 0) or 0))
-        yield c
+        yield gauge("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.",
+                    st.get("num_grammar_queue_reqs", 0))
+
+        def counter(name, doc, value, extra=None):
+            c = CounterMetricFamily(name, doc, labels=names + list(extra or {}))
+            c.add_metric(values + list((extra or {}).values()), float(value or 0))
+            return c
+
+        yield counter("sglang:num_retracted_requests", "Number of retracted requests.", st.get("num_retracted_reqs_total"))
+        yield counter("sglang:num_recomputed_tokens", "Prompt and output tokens recomputed after retractions.",
+                      st.get("num_recomputed_tokens"))
+        pd = st.get("disaggregation") or {}
+        mode = pd.get("mode")
+        yield gauge("sglang:num_retracted_reqs", "The number of requests retracted and waiting to resume.",
+                    pd.get("num_retracted_queue_reqs", 0))
+        backup = st.get("retraction_backup") or {}
+        if backup:
+            yield counter("sglang:num_retractions_by_backup", "Retractions on a PD decode server, by backup backend.",
+                          st.get("num_retracted_reqs_total"), {"backup": backup.get("backend", "")})
+            yield gauge("sglang:num_live_retraction_backups", "Retracted requests holding a backup.",
+                        backup.get("live_backups", 0))
+            if "host_pool_size" in backup:
+                total = backup["host_pool_size"]
+                yield gauge("sglang:host_pool_tokens_total", "Tokens of the decode retraction host pool.", total)
+                yield gauge("sglang:host_pool_tokens_used", "Tokens of the decode retraction host pool in use.",
+                            total - backup.get("host_pool_available", total))
+            if "mamba_host_slots_total" in backup:
+                total = backup["mamba_host_slots_total"]
+                yield gauge("sglang:mamba_host_slots_total", "Mamba state slots of the retraction host pool.", total)
+                yield gauge("sglang:mamba_host_slots_used", "Mamba state slots of the retraction host pool in use.",
+                            total - backup.get("mamba_host_slots_free", total))
+        if st.get("mamba_pool_size"):
+            total = st["mamba_pool_size"]
+            yield gauge("sglang:mamba_slots_total", "Device Mamba / linear-attention state slots.", total)
+            yield gauge("sglang:mamba_slots_used", "Device state slots held by requests (the tree's evictable ones not counted).",
+                        total - (st.get("available_mamba_slots") or 0) - (st.get("evictable_mamba_slots") or 0))
+        if mode == "prefill":
+            yield gauge("sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue.",
+                        pd.get("num_bootstrap_queue_reqs", 0))
+            yield gauge("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.",
+                        pd.get("num_inflight_queue_reqs", 0))
+            yield gauge("sglang:kv_transfer_speed_gb_s", "The KV transfer speed of the last transfer in GB/s.",
+                        pd.get("kv_transfer_speed_gb_s", 0.0))
+            yield gauge("sglang:kv_transfer_latency_ms", "The KV transfer latency of the last transfer in ms.",
+                        pd.get("kv_transfer_latency_ms", 0.0))
+            yield counter("sglang:num_kv_transfers", "KV transfers completed.", pd.get("num_kv_transfers"))
+            yield counter("sglang:kv_transfer_bytes", "Bytes of KV (and state) sent.", pd.get("kv_transfer_bytes"))
+        if mode == "decode":
+            yield gauge("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.",
+                        pd.get("num_prealloc_queue_reqs", 0))
+            yield gauge("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.",
+                        pd.get("num_transfer_queue_reqs", 0))
+            yield counter("sglang:decode_radix_hit_tokens", "Prompt tokens the decode radix cache reused.",
+                          pd.get("decode_radix_hit_tokens"))
+        if mode in ("prefill", "decode"):
+            yield counter("sglang:num_kv_transfer_failures", "KV transfers that failed.", pd.get("num_kv_transfer_failures"))
