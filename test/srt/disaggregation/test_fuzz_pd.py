@@ -1,9 +1,9 @@
 """The request fuzzer against PD deployments (issue 13): 1P1D over Mooncake TCP behind the real
-sglang-router, behind the in-tree mini_lb (same servers), and a Mamba2 hybrid (NemotronH) pair.
+sglang-router, behind the in-tree mini_lb (same servers), and a hybrid SSM (Qwen3-Next) pair.
 
 After each run: every valid request got a 200 of the right shape, every invalid one a 4xx, no
 5xx; prefill, decode and router are healthy; every pool of both servers (KV tokens, request
-slots, metadata rows, Mamba slots, host pool) is back to its free size; greedy output through
+slots, metadata rows, state slots, host pool) is back to its free size; greedy output through
 the router still equals HF transformers. The first test is the issue's own probe: n=2 on every
 route through the router (it used to kill the prefill scheduler).
 """
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
-from sglang.test.server_utils import hf_greedy_reference, wait_healthy_or_stop
+from sglang.test.server_utils import hf_greedy_reference, start_side_by_side, wait_healthy_or_stop
 from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
@@ -37,8 +37,9 @@ def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False):
     procs = []
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router", "lb")}
     try:
-        procs.append(launch_prefill(model, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / f"{name}_p.log")))
-        procs.append(launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log")))
+        procs += start_side_by_side(
+            lambda: launch_prefill(model, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / f"{name}_p.log")),
+            lambda: launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log")))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / f"{name}_router.log")))
         if with_mini_lb:
@@ -64,9 +65,11 @@ def llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def nemotron(tmp_path_factory):
-    model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_nemo")), "nemotron_h", seed=18)
-    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), "nemo")
+def hybrid(tmp_path_factory):
+    """A gated-DeltaNet + MoE hybrid (Qwen3-Next); the Mamba2 hybrid NemotronH goes through the
+    router in test_pd_mamba_host_pool.py."""
+    model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_qwen3_next")), "qwen3_next", seed=18)
+    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), "qwen3_next")
     yield {"ports": ports, "model": model}
     for p in reversed(procs):
         stop_server(p)
@@ -134,8 +137,8 @@ def test_fuzz_through_the_in_tree_mini_lb(llama):
     _after_run(llama, url(ports["lb"]))
 
 
-def test_fuzz_mamba2_hybrid_pair_through_the_router(nemotron):
-    ports = nemotron["ports"]
+def test_fuzz_hybrid_ssm_pair_through_the_router(hybrid):
+    ports = hybrid["ports"]
     report = run_fuzz(_target(ports["router"], ports["decode"], True), num_cases=NUM_CASES, concurrency=32, seed=1304)
     assert not report.violations, report.summary()
-    _after_run(nemotron, url(ports["router"]))
+    _after_run(hybrid, url(ports["router"]))

@@ -14,6 +14,7 @@ import requests
 
 from sglang.test.fuzz.runner import assert_pools_restored
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
+from sglang.test.server_utils import start_side_by_side
 from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
@@ -46,11 +47,12 @@ def deployment(model_dir, tmp_path_factory):
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router")}
     procs = {}
     try:
-        procs["prefill"] = launch_prefill(model_dir, ports["prefill"], ports["boot"],
-                                          ["--max-total-tokens", "4096", "--context-length", str(PREFILL_CONTEXT)],
-                                          env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
-        procs["decode"] = launch_decode(model_dir, ports["decode"], ["--max-total-tokens", str(DECODE_POOL)],
-                                        env=FAST_FAIL, log_path=str(tmp_path / "decode.log"))
+        procs["prefill"], procs["decode"] = start_side_by_side(
+            lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"],
+                                   ["--max-total-tokens", "4096", "--context-length", str(PREFILL_CONTEXT)],
+                                   env=FAST_FAIL, log_path=str(tmp_path / "prefill.log")),
+            lambda: launch_decode(model_dir, ports["decode"], ["--max-total-tokens", str(DECODE_POOL)],
+                                  env=FAST_FAIL, log_path=str(tmp_path / "decode.log")))
         procs["router"] = launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                         log_path=str(tmp_path / "router.log"))
         yield ports, procs

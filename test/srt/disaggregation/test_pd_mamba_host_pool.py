@@ -1,8 +1,8 @@
 """Host-pool retraction backups for hybrid SSM models (--enable-mamba-host-pool-backup, beyond
 upstream) through a 1P1D deployment over Mooncake TCP behind the real sglang-router: a decode
 server with a tiny KV pool retracts, backs the KV up to its host KV pool and the Mamba state to
-its host state pool, resumes with nothing recomputed, and gives exactly a plain server's greedy
-text; afterwards every host page and state slot is free and the server keeps serving. Then waves
+its host state pool, resumes with nothing recomputed, and gives exactly HF transformers' greedy
+tokens; afterwards every host page and state slot is free and the server keeps serving. Then waves
 of long requests are aborted (the decode server's /abort_request) while many of them wait
 retracted, until at least 100 were aborted that way: every backup is freed."""
 
@@ -11,9 +11,11 @@ import time
 
 import pytest
 import requests
+from transformers import AutoTokenizer
 
+from sglang.test.hf_reference import hf_greedy, load_hf_model
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
-from sglang.test.server_utils import popen_launch_server
+from sglang.test.server_utils import start_side_by_side
 from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
@@ -30,27 +32,27 @@ def url(port):
 @pytest.mark.parametrize("arch", ["nemotron_h"])
 def test_hybrid_host_pool_retraction_through_the_router(arch, tmp_path):
     model = make_tiny_model(str(tmp_path / arch), arch, seed=5)
-    ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "router")}
+    ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router")}
     procs = []
     try:
-        procs.append(popen_launch_server(model, ports["plain"], COMMON + ["--max-total-tokens", "4096"],
-                                         log_path=str(tmp_path / "plain.log")))
-        procs.append(launch_prefill(model, ports["prefill"], ports["boot"], COMMON + ["--max-total-tokens", "4096"],
-                                    log_path=str(tmp_path / "prefill.log")))
-        procs.append(launch_decode(model, ports["decode"], COMMON + [
-            "--max-total-tokens", "200", "--num-reserved-decode-tokens", "8", "--enable-mamba-host-pool-backup"],
-            log_path=str(tmp_path / "decode.log")))
+        procs += start_side_by_side(
+            lambda: launch_prefill(model, ports["prefill"], ports["boot"], COMMON + ["--max-total-tokens", "4096"],
+                                   log_path=str(tmp_path / "prefill.log")),
+            lambda: launch_decode(model, ports["decode"], COMMON + [
+                "--max-total-tokens", "200", "--num-reserved-decode-tokens", "8", "--enable-mamba-host-pool-backup"],
+                log_path=str(tmp_path / "decode.log")))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(tmp_path / "router.log")))
         params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
-        prompts = [p + " and then" for p in PROMPTS] * 2
+        tok = AutoTokenizer.from_pretrained(model)
+        prompts = [tok.encode(p + " and then") for p in PROMPTS] * 2
         with cf.ThreadPoolExecutor(len(prompts)) as ex:
             futs = [ex.submit(requests.post, url(ports["router"]) + "/generate",
-                              json={"text": p, "sampling_params": params}, timeout=300) for p in prompts]
+                              json={"input_ids": p, "sampling_params": params}, timeout=300) for p in prompts]
             outs = [f.result().json() for f in futs]
-        plain = requests.post(url(ports["plain"]) + "/generate", json={"text": prompts, "sampling_params": params},
-                              timeout=300).json()
-        assert [o["text"] for o in outs] == [o["text"] for o in plain]
+        hf = load_hf_model(model)
+        want = [hf_greedy(hf, p, 40) for p in prompts[:len(PROMPTS)]] * 2
+        assert [o["output_ids"] for o in outs] == want
         assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
         info = requests.get(url(ports["decode"]) + "/server_info", timeout=30).json()
         state = info["internal_states"][0]
@@ -59,9 +61,9 @@ def test_hybrid_host_pool_retraction_through_the_router(arch, tmp_path):
         assert backup["backend"] == "host_pool" and backup["live_backups"] == 0  # auto picks it with the opt-in
         assert backup["host_pool_available"] == backup["host_pool_size"]
         assert backup["mamba_host_slots_free"] == backup["mamba_host_slots_total"] > 0
-        again = requests.post(url(ports["router"]) + "/generate", json={"text": prompts[0], "sampling_params": params},
+        again = requests.post(url(ports["router"]) + "/generate", json={"input_ids": prompts[0], "sampling_params": params},
                               timeout=120)
-        assert again.status_code == 200 and again.json()["text"] == plain[0]["text"]
+        assert again.status_code == 200 and again.json()["output_ids"] == want[0]
 
         aborted_retracted, waves = _abort_while_retracted(url(ports["router"]), url(ports["decode"]), target=100)
         assert aborted_retracted >= 100, (aborted_retracted, waves)
@@ -70,9 +72,9 @@ def test_hybrid_host_pool_retraction_through_the_router(arch, tmp_path):
         assert backup["live_backups"] == 0 and backup["host_pool_available"] == backup["host_pool_size"]
         assert backup["mamba_host_slots_free"] == backup["mamba_host_slots_total"]
         assert state["num_running_reqs"] == 0 and state["num_recomputed_tokens"] == 0
-        again = requests.post(url(ports["router"]) + "/generate", json={"text": prompts[1], "sampling_params": params},
+        again = requests.post(url(ports["router"]) + "/generate", json={"input_ids": prompts[1], "sampling_params": params},
                               timeout=120)
-        assert again.status_code == 200 and again.json()["text"] == plain[1]["text"]
+        assert again.status_code == 200 and again.json()["output_ids"] == want[1]
     finally:
         for p in reversed(procs):
             stop_server(p)

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
-from sglang.test.server_utils import popen_launch_server
+from sglang.test.server_utils import popen_launch_server, start_side_by_side
 from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
@@ -33,9 +33,10 @@ def cluster(model_dir, tmp_path_factory):
     procs = []
     try:
         ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "router")}
-        procs.append(popen_launch_server(model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")))
-        procs.append(launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")))
-        procs.append(launch_decode(model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log")))
+        procs += start_side_by_side(
+            lambda: popen_launch_server(model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")),
+            lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")),
+            lambda: launch_decode(model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log")))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / "router.log")))
         yield ports

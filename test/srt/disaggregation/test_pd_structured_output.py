@@ -13,7 +13,7 @@ import requests
 
 from sglang.test.fuzz.runner import assert_pools_restored
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
-from sglang.test.server_utils import popen_launch_server
+from sglang.test.server_utils import popen_launch_server, start_side_by_side
 
 pytestmark = pytest.mark.server
 
@@ -43,9 +43,10 @@ def cluster(tmp_path_factory):
     procs = []
     try:
         ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "router")}
-        procs.append(popen_launch_server("default", ports["plain"], COMMON, log_path=str(logs / "plain.log")))
-        procs.append(launch_prefill("default", ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")))
-        procs.append(launch_decode("default", ports["decode"], COMMON, log_path=str(logs / "decode.log")))
+        procs += start_side_by_side(
+            lambda: popen_launch_server("default", ports["plain"], COMMON, log_path=str(logs / "plain.log")),
+            lambda: launch_prefill("default", ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")),
+            lambda: launch_decode("default", ports["decode"], COMMON, log_path=str(logs / "decode.log")))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / "router.log")))
         yield {k: url(p) for k, p in ports.items() if k != "boot"}

@@ -3,7 +3,6 @@
 prefill and decode servers (Mooncake over TCP on loopback): every route it serves must give what a
 single plain server gives, and a dead backend must give an error status at once, not a hang."""
 
-import concurrent.futures as cf
 import json
 import socket
 import subprocess
@@ -16,7 +15,7 @@ import requests
 
 from sglang.srt.router.mini_lb import build_prefill_configs, get_request_batch_size, inject_bootstrap
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, stop_server
-from sglang.test.server_utils import popen_launch_server, wait_for_health
+from sglang.test.server_utils import popen_launch_server, start_side_by_side, wait_for_health
 from sglang.test.tiny_models import make_tiny_model
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
@@ -74,19 +73,10 @@ def cluster(tmp_path_factory):
     ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "lb")}
     procs = []
     try:
-        with cf.ThreadPoolExecutor(3) as ex:  # the three servers start side by side
-            futs = [ex.submit(popen_launch_server, model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")),
-                    ex.submit(launch_prefill, model_dir, ports["prefill"], ports["boot"], COMMON,
-                              log_path=str(logs / "prefill.log")),
-                    ex.submit(launch_decode, model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log"))]
-            for f in futs:
-                try:
-                    procs.append(f.result())
-                except Exception:
-                    for g in futs:
-                        if g is not f and g.exception() is None:
-                            procs.append(g.result())
-                    raise
+        procs += start_side_by_side(
+            lambda: popen_launch_server(model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")),
+            lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")),
+            lambda: launch_decode(model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log")))
         procs.append(launch_lb(ports["lb"], [url(ports["prefill"])], [url(ports["decode"])], [ports["boot"]],
                                log_path=str(logs / "lb.log")))
         ports["logs"] = logs
