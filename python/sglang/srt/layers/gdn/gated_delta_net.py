@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.mamba.mamba_mixer2 import Mamba2Metadata, DepthwiseConvParams
-from sglang.srt.layers.mamba.torch_ops import PAD_SLOT_ID
+from sglang.srt.layers.mamba.mamba_mixer2 import DepthwiseConvParams, Mamba2Metadata
 
 GDN_OPS_BACKENDS = ("torch", "triton")
 
@@ -149,14 +148,8 @@ class GatedDeltaNet(nn.Module):
         if meta.is_decode:
             o = recurrent_update(q, k, v, g, beta, rec_states, meta.slots)
         else:
-            init = rec_states[meta.slots].float()
-            if not all(meta.has_initial_state_cpu):  # fresh requests start from zeros
-                init = torch.where(meta.has_initial_state[:, None, None, None], init, torch.zeros_like(init))
-            o, final = chunk_rule(q, k, v, g, beta, initial_states=init, cu_seqlens=meta.query_start_loc)
-            if meta.all_slots_valid:
-                rec_states[meta.slots] = final.to(rec_states.dtype)
-            else:
-                valid = meta.slots != PAD_SLOT_ID
-                rec_states[meta.slots[valid]] = final[valid].to(rec_states.dtype)
+            o, final = chunk_rule(q, k, v, g, beta, initial_states=meta.initial_states(rec_states),
+                                  cu_seqlens=meta.query_start_loc)
+            meta.store_final_states(rec_states, final)
         o = self.norm(o.reshape(T, self.num_v_heads, self.head_v_dim).to(hidden_states.dtype), z)
         return self.out_proj(o.reshape(T, self.value_dim))

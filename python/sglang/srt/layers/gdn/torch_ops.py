@@ -89,20 +89,22 @@ def _chunk_one(q, k, v, g, beta, state, chunk_size: int):
     return out.reshape(H, n * chunk_size, -1)[:, :L], state
 
 
-def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_states: Optional[torch.Tensor] = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    use_qk_l2norm: bool = True,
-    state_dtype: Optional[torch.dtype] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Prefill / extend over ragged sequences. initial_states [B, Hv, Dk, Dv] (None: zeros).
-    Returns (o [T, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv] in `state_dtype`, fp32 by default)."""
+def _recurrent_one(q, k, v, g, beta, state, chunk_size: int = 0):
+    """One sequence, heads first (as `_chunk_one`), token by token: the definition."""
+    out = torch.empty_like(v)
+    for t in range(q.shape[1]):
+        state = state * g[:, t].exp()[:, None, None]
+        pred = torch.einsum("hk,hkv->hv", k[:, t], state)
+        delta = (v[:, t] - pred) * beta[:, t][:, None]
+        state = state + k[:, t][:, :, None] * delta[:, None, :]
+        out[:, t] = torch.einsum("hk,hkv->hv", q[:, t], state)
+    return out, state
+
+
+def _over_sequences(one_sequence, q, k, v, g, beta, initial_states, cu_seqlens, use_qk_l2norm, state_dtype,
+                    chunk_size: int = DEFAULT_CHUNK_SIZE):
+    """Runs `one_sequence` (heads-first fp32 tensors of one sequence, its initial state) over
+    the ragged batch; -> (o [T, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv])."""
     _check(q, k, v, g, beta)
     T, Hv, Dv = v.shape
     Dk = q.shape[-1]
@@ -121,11 +123,29 @@ def chunk_gated_delta_rule(
         if e == s:
             finals[i] = state
             continue
-        o, final = _chunk_one(qf[s:e].transpose(0, 1), kf[s:e].transpose(0, 1), vf[s:e].transpose(0, 1),
-                              gf[s:e].t(), bf[s:e].t(), state, chunk_size)
+        o, final = one_sequence(qf[s:e].transpose(0, 1), kf[s:e].transpose(0, 1), vf[s:e].transpose(0, 1),
+                                gf[s:e].t(), bf[s:e].t(), state, chunk_size)
         out[s:e] = o.transpose(0, 1)
         finals[i] = final
     return out.to(v.dtype), finals.to(state_dtype or torch.float32)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_states: Optional[torch.Tensor] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    use_qk_l2norm: bool = True,
+    state_dtype: Optional[torch.dtype] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Prefill / extend over ragged sequences. initial_states [B, Hv, Dk, Dv] (None: zeros).
+    Returns (o [T, Hv, Dv] in v's dtype, final states [B, Hv, Dk, Dv] in `state_dtype`, fp32 by default)."""
+    return _over_sequences(_chunk_one, q, k, v, g, beta, initial_states, cu_seqlens, use_qk_l2norm, state_dtype,
+                           chunk_size)
 
 
 def recurrent_gated_delta_rule(
@@ -141,27 +161,7 @@ def recurrent_gated_delta_rule(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The token-by-token recurrence (the definition), same arguments and results as the chunked
     form; the reference the kernels are checked against."""
-    _check(q, k, v, g, beta)
-    T, Hv, Dv = v.shape
-    Dk = q.shape[-1]
-    if cu_seqlens is None:
-        cu_seqlens = torch.tensor([0, T], dtype=torch.int64)
-    bounds = [int(x) for x in cu_seqlens.tolist()]
-    qf, kf = _prepare_qk(q, k, Hv, use_qk_l2norm)
-    vf, gf, bf = v.float(), g.float(), beta.float()
-    out = torch.empty((T, Hv, Dv), dtype=torch.float32, device=v.device)
-    finals = torch.empty((len(bounds) - 1, Hv, Dk, Dv), dtype=torch.float32, device=v.device)
-    for i in range(len(bounds) - 1):
-        state = (torch.zeros((Hv, Dk, Dv), dtype=torch.float32, device=v.device) if initial_states is None
-                 else initial_states[i].float().clone())
-        for t in range(bounds[i], bounds[i + 1]):
-            state = state * gf[t].exp()[:, None, None]
-            pred = torch.einsum("hk,hkv->hv", kf[t], state)
-            delta = (vf[t] - pred) * bf[t][:, None]
-            state = state + kf[t][:, :, None] * delta[:, None, :]
-            out[t] = torch.einsum("hk,hkv->hv", qf[t], state)
-        finals[i] = state
-    return out.to(v.dtype), finals.to(state_dtype or torch.float32)
+    return _over_sequences(_recurrent_one, q, k, v, g, beta, initial_states, cu_seqlens, use_qk_l2norm, state_dtype)
 
 
 def fused_recurrent_gated_delta_rule_update(

@@ -70,6 +70,22 @@ class Mamba2Metadata:
         return cls(False, slots, torch.tensor(qsl, dtype=torch.int64, device=device),
                    torch.tensor(init, dtype=torch.bool, device=device), init, all_valid)
 
+    def initial_states(self, states: torch.Tensor) -> torch.Tensor:
+        """EXTEND: each request's state from its slot (fp32), zeros for requests without a prefix
+        whatever their slot holds."""
+        init = states[self.slots].float()
+        if not all(self.has_initial_state_cpu):
+            init = torch.where(self.has_initial_state[:, None, None, None], init, torch.zeros_like(init))
+        return init
+
+    def store_final_states(self, states: torch.Tensor, final: torch.Tensor) -> None:
+        """EXTEND: the final states back into the requests' slots (padding rows write nothing)."""
+        if self.all_slots_valid:
+            states[self.slots] = final.to(states.dtype)
+        else:
+            valid = self.slots != PAD_SLOT_ID
+            states[self.slots[valid]] = final[valid].to(states.dtype)
+
 
 def _ops(device: torch.device):
     """The op set: Triton on CUDA, plain torch elsewhere; `SGLANG_MAMBA_OPS=triton|torch` forces
@@ -225,21 +241,14 @@ class MambaMixer2(nn.Module):
                           query_start_loc=meta.query_start_loc, cache_indices=meta.slots,
                           has_initial_state=meta.has_initial_state, activation=self.activation).transpose(0, 1)
             x, B, C = xBC.split([self.intermediate_size, G * N, G * N], dim=-1)
-            init = ssm_states[meta.slots].float()
-            if not all(meta.has_initial_state_cpu):
-                # fresh requests start from zeros whatever their slot holds
-                init = torch.where(meta.has_initial_state[:, None, None, None], init, torch.zeros_like(init))
+            init = meta.initial_states(ssm_states)
             y, final = chunk_scan(
                 x.reshape(T, H, P), dt, A, B.reshape(T, G, N), C.reshape(T, G, N), self.chunk_size,
                 D=self.D, z=None, dt_bias=self.dt_bias, initial_states=init, cu_seqlens=meta.query_start_loc,
                 dt_softplus=True, dt_limit=self.prefill_dt_limit, return_varlen_states=True,
                 state_dtype=ssm_states.dtype,
             )
-            if meta.all_slots_valid:
-                ssm_states[meta.slots] = final.to(ssm_states.dtype)
-            else:
-                valid = meta.slots != PAD_SLOT_ID
-                ssm_states[meta.slots[valid]] = final[valid].to(ssm_states.dtype)
+            meta.store_final_states(ssm_states, final)
 
         y = y.reshape(T, self.intermediate_size)
         if self.norm is not None:
