@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, stop_server
+from sglang.test.server_utils import start_side_by_side
 from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
@@ -32,12 +33,24 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def decode(model_dir, tmp_path_factory):
-    port = find_free_port()
-    proc = launch_decode(model_dir, port, COMMON, env=FAST_FAIL,
-                         log_path=str(tmp_path_factory.mktemp("logs") / "decode.log"))
-    yield port
-    stop_server(proc)
+def servers(model_dir, tmp_path_factory):
+    """A decode server and a prefill server, started side by side; the last test kills the prefill."""
+    logs = tmp_path_factory.mktemp("logs")
+    ports = {"decode": find_free_port(), "prefill": find_free_port(), "boot": find_free_port()}
+    decode_proc, prefill_proc = start_side_by_side(
+        lambda: launch_decode(model_dir, ports["decode"], COMMON, env=FAST_FAIL, log_path=str(logs / "decode.log")),
+        lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, env=FAST_FAIL,
+                               log_path=str(logs / "prefill.log")))
+    procs = {"decode": decode_proc, "prefill": prefill_proc}
+    yield ports, procs
+    for proc in procs.values():
+        if proc is not None:
+            stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def decode(servers):
+    return servers[0]["decode"]
 
 
 def state(port):
@@ -71,50 +84,44 @@ def test_dead_bootstrap_port_fails_promptly(decode):
     assert_idle_and_clean(decode)
 
 
-def test_prefill_killed_while_decode_waits(decode, model_dir, tmp_path):
-    p, b = find_free_port(), find_free_port()
-    prefill = launch_prefill(model_dir, p, b, COMMON, env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
-    try:
-        body = {"text": "never prefilled", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": b, "bootstrap_room": 7}
-        with cf.ThreadPoolExecutor(1) as ex:
-            fut = ex.submit(requests.post, url(decode) + "/generate", json=body, timeout=90)
-            time.sleep(2)  # the decode request has bootstrapped and waits for the prefill's KV
-            assert not fut.done()
-            stop_server(prefill)
-            prefill = None
-            t0 = time.time()
-            r = fut.result()
-        assert time.time() - t0 < 30
-        assert r.status_code >= 500, r.text
-        assert_idle_and_clean(decode)
-    finally:
-        if prefill is not None:
-            stop_server(prefill)
+def test_abort_during_transfer_on_both_sides(servers):
+    ports, _ = servers
+    decode, p, b = ports["decode"], ports["prefill"], ports["boot"]
+    with cf.ThreadPoolExecutor(2) as ex:
+        # Decode-only: waits for KV that never comes (the prefill never gets this request).
+        dec = ex.submit(requests.post, url(decode) + "/generate", timeout=90, json={
+            "text": "abort me", "rid": "abort-d", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": b, "bootstrap_room": 99})
+        # Prefill-only: waits in its bootstrap queue for a decode that never asks.
+        pre = ex.submit(requests.post, url(p) + "/generate", timeout=90, json={
+            "text": "abort me too", "rid": "abort-p", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": b, "bootstrap_room": 100})
+        time.sleep(2)
+        assert not dec.done() and not pre.done()
+        requests.post(url(decode) + "/abort_request", json={"rid": "abort-d"}, timeout=10)
+        requests.post(url(p) + "/abort_request", json={"rid": "abort-p"}, timeout=10)
+        for fut in (dec, pre):
+            body = fut.result(timeout=30).json()
+            reason = body["meta_info"]["finish_reason"] if "meta_info" in body else {"type": "abort"}
+            assert reason["type"] == "abort", body
+    assert_idle_and_clean(decode)
+    assert_idle_and_clean(p)
 
 
-def test_abort_during_transfer_on_both_sides(decode, model_dir, tmp_path):
-    p, b = find_free_port(), find_free_port()
-    prefill = launch_prefill(model_dir, p, b, COMMON, env=FAST_FAIL, log_path=str(tmp_path / "prefill.log"))
-    try:
-        with cf.ThreadPoolExecutor(2) as ex:
-            # Decode-only: waits for KV that never comes (the prefill never gets this request).
-            dec = ex.submit(requests.post, url(decode) + "/generate", timeout=90, json={
-                "text": "abort me", "rid": "abort-d", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": b, "bootstrap_room": 99})
-            # Prefill-only: waits in its bootstrap queue for a decode that never asks.
-            pre = ex.submit(requests.post, url(p) + "/generate", timeout=90, json={
-                "text": "abort me too", "rid": "abort-p", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": b, "bootstrap_room": 100})
-            time.sleep(2)
-            assert not dec.done() and not pre.done()
-            requests.post(url(decode) + "/abort_request", json={"rid": "abort-d"}, timeout=10)
-            requests.post(url(p) + "/abort_request", json={"rid": "abort-p"}, timeout=10)
-            for fut in (dec, pre):
-                body = fut.result(timeout=30).json()
-                reason = body["meta_info"]["finish_reason"] if "meta_info" in body else {"type": "abort"}
-                assert reason["type"] == "abort", body
-        assert_idle_and_clean(decode)
-        assert_idle_and_clean(p)
-    finally:
-        stop_server(prefill)
+def test_prefill_killed_while_decode_waits(servers):
+    """Runs last: it kills the module's prefill server."""
+    ports, procs = servers
+    decode, b = ports["decode"], ports["boot"]
+    body = {"text": "never prefilled", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": b, "bootstrap_room": 7}
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(requests.post, url(decode) + "/generate", json=body, timeout=90)
+        time.sleep(2)  # the decode request has bootstrapped and waits for the prefill's KV
+        assert not fut.done()
+        stop_server(procs["prefill"])
+        procs["prefill"] = None
+        t0 = time.time()
+        r = fut.result()
+    assert time.time() - t0 < 30
+    assert r.status_code >= 500, r.text
+    assert_idle_and_clean(decode)
