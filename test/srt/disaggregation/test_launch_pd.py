@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import psutil
 import pytest
@@ -110,8 +111,9 @@ def _web_page_chats_through_the_router(decode_url):
     from sglang.test.browser import chromium_missing_reason, headless_chromium
 
     reason = chromium_missing_reason()
-    if reason:
-        pytest.skip(reason)
+    if reason:  # not a skip: the rest of the launch_pd test still has to run
+        warnings.warn(f"launch_pd web page not checked in a browser: {reason}")
+        return
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
