@@ -48,6 +48,17 @@ def _restore_mc_force_tcp(monkeypatch):
     monkeypatch.delenv("MC_FORCE_TCP", raising=False)
 
 
+EMBEDDING_PD = ("--is-embedding serves embedding, rerank and score requests on a plain server: they are prefill "
+                "only, so there is nothing to disaggregate (use --disaggregation-mode null).")
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_embedding_servers_are_plain_servers(mode):
+    raises(ValueError, EMBEDDING_PD, is_embedding=True, disaggregation_mode=mode)
+    ServerArgs(is_embedding=True)
+    ServerArgs(disaggregation_mode=mode)
+
+
 # ---------------------------------------------------------------- 1.4 rules 1-3 (host_pool)
 @pytest.mark.parametrize("mode", ["null", "prefill"])
 def test_host_pool_only_on_decode(mode):

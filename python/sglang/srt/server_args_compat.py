@@ -29,7 +29,6 @@ _NO_GRAPHS = "no CUDA graphs or torch.compile"
 
 NO_EFFECT_FIELDS = {
     "load_format": "weights always load from safetensors (or the packaged default model)",
-    "is_embedding": "embedding models are not served yet",
     "revision": "no model hub: --model-path is a local folder",
     "json_model_override_args": "config.json is read as is",
     "tokenizer_worker_num": "one tokenizer process",

@@ -113,6 +113,10 @@ def handle_pd_disaggregation(sa) -> None:
     src = "_handle_pd_disaggregation"
     cfg = sa._view()
 
+    if cfg.is_embedding and cfg.disaggregation_mode != "null":
+        raise ValueError("--is-embedding serves embedding, rerank and score requests on a plain server: they are "
+                         "prefill only, so there is nothing to disaggregate (use --disaggregation-mode null).")
+
     if cfg.disaggregation_transfer_backend == "mooncake_tcp":
         # Mooncake reads MC_FORCE_TCP when its engine starts (in the scheduler process, which
         # inherits this environment) and then ignores any InfiniBand device.

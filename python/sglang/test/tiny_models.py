@@ -147,15 +147,21 @@ def tiny_config_dict(arch: str = "llama", **config_overrides) -> dict:
     return cfg
 
 
-def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, **config_overrides) -> str:
+def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, sequence_classification: bool = False,
+                    **config_overrides) -> str:
     """Builds a random-weight fp32 HF model folder at `path` and returns `path`.
 
     `arch` is one of TINY_ARCHS ("llama", "llama_tied", "llama3_rope", "qwen2", "qwen3",
     "qwen3_swa", "qwen2_swa"); `config_overrides` replace config fields (e.g.
-    num_hidden_layers=4, sliding_window=16, tie_word_embeddings=True).
+    num_hidden_layers=4, sliding_window=16, tie_word_embeddings=True). With
+    `sequence_classification`, the model is HF's `*ForSequenceClassification` (a reranker head;
+    `num_labels=1` unless overridden) instead of the causal LM.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    if sequence_classification:
+        config_overrides.setdefault("num_labels", 1)
 
     os.makedirs(path, exist_ok=True)
     copy_tokenizer_files(path)
@@ -170,7 +176,29 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, **config_over
     config = AutoConfig.for_model(model_type, **cfg)
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     model.eval()
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def write_sentence_transformers_pooling(path: str, pooling: str = "mean", normalize: bool = True) -> str:
+    """Marks a model folder as a sentence-transformers embedding model (`modules.json` with a
+    Pooling module, and a Normalize module when `normalize`): how such folders say their pooling."""
+    import json
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    os.makedirs(os.path.join(path, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(path, "config.json")) as f:
+        hidden = json.load(f)["hidden_size"]
+    with open(os.path.join(path, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    with open(os.path.join(path, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
+                   "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "last"}, f)
+    return path
+

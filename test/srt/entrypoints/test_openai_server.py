@@ -1,6 +1,8 @@
 """The OpenAI-compatible API of a real server subprocess, driven by the official `openai`
 client: completions, chat (template from the tokenizer), streaming with usage, n, stop,
-logprobs, SGLang extensions, models, upstream's error bodies, and router-added fields.
+logprobs, SGLang extensions, models, upstream's error bodies, and router-added fields; the
+Responses API (a chat completion per turn, typed stream events, stored conversations) and
+upstream's `/v1/score` on a generation model.
 
 Greedy outputs and logprobs are checked against HF transformers on the same tiny model.
 """
@@ -380,6 +382,9 @@ def test_behind_the_sglang_router(server, tmp_path):
                                                                                    "ignore_eos": True}}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["meta_info"]["completion_tokens"] == 3
+        resp = client.responses.create(model="tiny-test", input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"],
+                                       max_output_tokens=4, temperature=0)
+        assert resp.status == "completed" and resp.output_text == _chat_text(server, MESSAGES, 4)[0]
         client.close()
     finally:
         router.terminate()
@@ -402,3 +407,139 @@ def test_tokenize_and_detokenize(server, tokenizer):
     r = requests.post(server["url"] + "/detokenize", json={"tokens": [ids, ids[:2]]}, timeout=30)
     assert r.json()["text"] == [tokenizer.decode(ids, skip_special_tokens=True),
                                 tokenizer.decode(ids[:2], skip_special_tokens=True)]
+
+
+# ------------------------------------------------------------------------------------ responses
+
+
+def _chat_text(server, messages, max_tokens):
+    c = server["client"].chat.completions.create(model="tiny-test", messages=messages, max_tokens=max_tokens,
+                                                 temperature=0)
+    return c.choices[0].message.content, c.usage
+
+
+def test_responses_are_a_chat_completion(server):
+    text, usage = _chat_text(server, MESSAGES, 8)
+    r = server["client"].responses.create(model="tiny-test", input=MESSAGES[1]["content"],
+                                          instructions=MESSAGES[0]["content"], max_output_tokens=8, temperature=0)
+    assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
+    assert r.model == "tiny-test" and r.output_text == text
+    item = r.output[0]
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    assert item.content[0].type == "output_text"
+    assert r.usage.input_tokens == usage.prompt_tokens and r.usage.output_tokens == usage.completion_tokens
+    assert r.usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    items = [{"type": "message", "role": "system", "content": MESSAGES[0]["content"]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": MESSAGES[1]["content"]}]}]
+    as_list = server["client"].responses.create(model="tiny-test", input=items, max_output_tokens=8, temperature=0)
+    assert as_list.output_text == text
+
+
+def test_responses_stream_openais_events(server):
+    plain = server["client"].responses.create(model="tiny-test", input="Tell me a story", max_output_tokens=10,
+                                              temperature=0)
+    events = list(server["client"].responses.create(model="tiny-test", input="Tell me a story", max_output_tokens=10,
+                                                    temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-4].text == plain.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
+
+
+def test_previous_response_id_continues_the_stored_conversation(server):
+    client = server["client"]
+    first = client.responses.create(model="tiny-test", input="Name a colour.", instructions="You are terse.",
+                                    max_output_tokens=6, temperature=0)
+    second = client.responses.create(model="tiny-test", input="And another?", previous_response_id=first.id,
+                                     instructions="You are terse.", max_output_tokens=6, temperature=0)
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."},
+               {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "And another?"}]
+    text, usage = _chat_text(server, history, 6)
+    assert second.output_text == text and second.usage.input_tokens == usage.prompt_tokens
+    assert second.previous_response_id == first.id
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    unstored = client.responses.create(model="tiny-test", input="Hi", store=False, max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.retrieve(unstored.id)
+    assert e.value.body["message"] == f"Response with id '{unstored.id}' not found."
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny-test", input="x", previous_response_id="resp_unknown")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny-test", input="x", previous_response_id="abc")
+    assert e.value.body["param"] == "response_id"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.cancel(first.id)
+    assert e.value.body["message"] == "Cannot cancel a synchronous response."
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"model": "tiny-test"}, "input"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]}, "function_call_output"),
+    ({"input": "x", "background": True}, "Background"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "Tools"),
+])
+def test_responses_refusals_are_400s_in_the_nested_envelope(server, body, needle):
+    r = requests.post(server["url"] + "/v1/responses", json=body, timeout=30)
+    assert r.status_code == 400 and needle in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------ score
+
+
+def _hf_next_logprobs(model_dir, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+
+
+def test_score_matches_hf_next_token_probabilities(server, tokenizer):
+    import math
+
+    import torch
+
+    labels = [tokenizer.encode(w, add_special_tokens=False)[0] for w in (" yes", " no", " maybe")]
+    body = {"query": "Is Paris in France?", "items": [" Answer:", " Reply:"], "label_token_ids": labels}
+    plain = requests.post(server["url"] + "/v1/score", json=body, timeout=60).json()
+    soft = requests.post(server["url"] + "/v1/score", json={**body, "apply_softmax": True}, timeout=60).json()
+    assert plain["object"] == "scoring" and len(plain["scores"]) == 2
+    for i, item in enumerate(body["items"]):
+        lp = _hf_next_logprobs(server["model"], tokenizer.encode(body["query"] + item))[labels]
+        assert plain["scores"][i] == pytest.approx([math.exp(x) for x in lp.tolist()], rel=1e-4)
+        assert soft["scores"][i] == pytest.approx(torch.softmax(lp, 0).tolist(), rel=1e-4)
+        assert sum(soft["scores"][i]) == pytest.approx(1.0, abs=1e-6)
+    assert plain["usage"]["prompt_tokens"] == sum(len(tokenizer.encode(body["query"] + it)) for it in body["items"])
+    ids = requests.post(server["url"] + "/v1/score", timeout=60, json={
+        "query": [1, 504], "items": [[3458], [9, 42]], "label_token_ids": labels, "item_first": True}).json()
+    ref = _hf_next_logprobs(server["model"], [9, 42, 1, 504])[labels].exp().tolist()
+    assert ids["scores"][1] == pytest.approx(ref, rel=1e-4)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"query": "q", "items": ["a"], "label_token_ids": [999999]}, "Token ID 999999 is out of vocabulary"),
+    ({"query": "q", "items": ["a"]}, "label_token_ids is required for generation (CausalLM) models."),
+    ({"query": "q", "items": [[1]], "label_token_ids": [1]}, "Invalid combination of query/items types"),
+])
+def test_score_errors_are_upstreams_400s(server, body, message):
+    r = requests.post(server["url"] + "/v1/score", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["type"] == "BadRequestError" and message in r.json()["message"]
+    empty = requests.post(server["url"] + "/v1/score", json={"query": "q", "items": [], "label_token_ids": [1]}, timeout=30)
+    assert empty.status_code == 200 and empty.json()["scores"] == []
+
+
+def test_embedding_routes_on_a_generation_server_say_how_to_enable_them(server):
+    expected = ("This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+                "when launching the server or try another model.")
+    with pytest.raises(openai.BadRequestError) as e:
+        server["client"].embeddings.create(model="tiny-test", input="hello")
+    assert e.value.body["message"] == expected
+    r = requests.post(server["url"] + "/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=30)
+    assert r.status_code == 400 and r.json()["message"] == expected

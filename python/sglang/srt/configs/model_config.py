@@ -37,7 +37,18 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM",
     "NemotronHForCausalLM",
     "FalconH1ForCausalLM",
+    "LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification",
 }
+
+
+def num_labels_of(config) -> int:
+    """HF's label count of a classification head: `id2label` when the config lists labels, else
+    `num_labels` (default 2); `config` is a config.json dict or an HF config object."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    id2label = get("id2label")
+    return len(id2label) if id2label else int(get("num_labels", 2) or 2)
 
 
 def read_hf_config_dict(model_path: str) -> dict:

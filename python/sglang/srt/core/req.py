@@ -113,6 +113,12 @@ class Req:
         # compiled, and how many output tokens it has accepted (`advance_grammar`).
         self.grammar: Optional[Any] = None
         self.grammar_accepted = 0
+        # Embedding servers (layers/pooler.py): the pooled state over the chunks prefilled so
+        # far, the finished vector, and whether pooling needs every prompt token (mean / CLS:
+        # then no radix-cache prefix is used).
+        self.pooled: Optional[torch.Tensor] = None
+        self.embedding: Optional[List[float]] = None
+        self.pool_all_tokens = False
 
     @property
     def kv_committed_len(self) -> int:
@@ -136,6 +142,8 @@ class Req:
     def max_prefix_len(self) -> int:
         """A prefix match must leave at least one token to compute (its logits pick the next token)."""
         limit = len(self.fill_ids) - 1
+        if self.pool_all_tokens:
+            return 0
         if self.wants_input_logprobs():
             # position start-1 must be computed: its logits score prompt token `start`
             limit = min(limit, max(self.logprob_start_len - 1, 0))

@@ -82,6 +82,25 @@ class Engine:
             return gen
         return await gen.__anext__()
 
+    def encode(self, prompt: Optional[Union[List[str], str, List[int], List[List[int]]]] = None, **unused: Any):
+        """Embedding servers (`is_embedding=True`): `{"embedding", "meta_info"}` for one prompt, a
+        list for a batch (text, or token ids)."""
+        from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+        is_ids = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
+        obj = EmbeddingReqInput(input_ids=prompt) if is_ids else EmbeddingReqInput(text=prompt)
+        return self.loop.run_until_complete(self.tokenizer_manager.generate_request(obj, None).__anext__())
+
+    def score(self, query=None, items=None, label_token_ids=None, apply_softmax: bool = False,
+              item_first: bool = False) -> List[List[float]]:
+        """Upstream's `Engine.score`: per item, the probabilities of `label_token_ids` right after
+        `query + item` (`managers/scoring.py`)."""
+        from sglang.srt.managers.scoring import score_request
+
+        result = self.loop.run_until_complete(score_request(self.tokenizer_manager, query, items, label_token_ids,
+                                                            apply_softmax, item_first))
+        return result.scores
+
     def flush_cache(self):
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
 

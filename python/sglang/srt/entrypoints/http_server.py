@@ -40,6 +40,8 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_pooling import add_pooling_routes
+from sglang.srt.entrypoints.openai.serving_responses import add_responses_routes
 from sglang.srt.entrypoints.web_ui import add_web_routes, is_public_path
 from sglang.srt.server_args_compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
@@ -51,7 +53,7 @@ from sglang.srt.entrypoints.server_lifecycle import (
     serve,
     wait_and_warmup,
 )
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -160,6 +162,8 @@ def build_app(state: ServerState) -> FastAPI:
         exc_str, errors_str = str(exc), str(exc.errors())
         message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
         err = ErrorResponse(message=message, type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST.value)
+        if request.url.path.startswith("/v1/responses"):  # upstream nests the Responses API's errors
+            return JSONResponse(status_code=400, content={"error": err.model_dump(exclude={"object"})})
         return JSONResponse(status_code=400, content=err.model_dump())
 
     @app.exception_handler(HTTPException)
@@ -283,6 +287,8 @@ def build_app(state: ServerState) -> FastAPI:
         state.tokenizer_manager.abort_request(obj.rid, obj.abort_all)
         return Response(status_code=200)
 
+    add_pooling_routes(app, ctx, _parse_body)
+    add_responses_routes(app, ctx, chat, _parse_body)
     add_web_routes(app, state)
 
     if state.server_args.enable_metrics and state.metrics is not None:
@@ -388,8 +394,9 @@ async def _stream_native(first, agen):
 async def _generate_one_token(state: ServerState) -> bool:
     """Upstream's health check: a 1-token greedy request from token id 0."""
     tm = state.tokenizer_manager
-    obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                           rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", log_metrics=False)
+    kind = EmbeddingReqInput if state.server_args.is_embedding else GenerateReqInput
+    obj = kind(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+               rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", log_metrics=False)
     if state.server_args.disaggregation_mode != "null":
         obj.bootstrap_host = FAKE_BOOTSTRAP_HOST
         obj.bootstrap_room = 0
@@ -421,7 +428,7 @@ def _model_info(state: ServerState) -> dict:
         "model_path": sa.model_path,
         "served_model_name": state.ctx.served_model_name,
         "tokenizer_path": sa.tokenizer_path,
-        "is_generation": True,
+        "is_generation": not sa.is_embedding,
         # upstream-only flags (accepted, no effect here) are reported as given
         "preferred_sampling_params": sa.ignored_upstream_args.get("preferred_sampling_params"),
         "weight_version": sa.weight_version,

@@ -176,8 +176,12 @@ def wait_and_warmup(server_args, state: ServerState) -> None:
         if server_args.disaggregation_mode != "null":
             payload["bootstrap_host"] = FAKE_BOOTSTRAP_HOST
             payload["bootstrap_room"] = 0
+        route = "/generate"
+        if server_args.is_embedding:  # as upstream: embedding servers warm up on /encode
+            route = "/encode"
+            payload.pop("sampling_params")
         try:
-            res = requests.post(f"{base}/generate", json=payload, headers=headers, timeout=600)
+            res = requests.post(f"{base}{route}", json=payload, headers=headers, timeout=600)
             if res.status_code != 200:
                 raise RuntimeError(f"status {res.status_code}: {res.text}")
         except Exception as e:  # noqa: BLE001

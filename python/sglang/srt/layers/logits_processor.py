@@ -23,6 +23,9 @@ class LogitsProcessorOutput:
     full_logits: Optional[torch.Tensor] = None  # [num_tokens, V] fp32, when requested
     # Final-norm hidden states of the last new token of each request [B, H].
     hidden_states: Optional[torch.Tensor] = None
+    # Final-norm hidden states of every new token [num_tokens, H], when
+    # `forward_batch.return_all_hidden` is set (mean / CLS pooling of embedding servers).
+    all_hidden_states: Optional[torch.Tensor] = None
 
 
 def last_token_indices(forward_batch) -> torch.Tensor:
@@ -54,10 +57,12 @@ class LogitsProcessor(nn.Module):
     def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, lm_head, forward_batch) -> LogitsProcessorOutput:
         idx = last_token_indices(forward_batch)
         last_hidden = hidden_states.index_select(0, idx)
+        all_hidden = hidden_states if getattr(forward_batch, "return_all_hidden", False) else None
         if getattr(forward_batch, "return_full_logits", False) and not forward_batch.forward_mode.is_decode():
             full = self._compute(hidden_states, lm_head)
             return LogitsProcessorOutput(next_token_logits=full.index_select(0, idx), full_logits=full,
-                                         hidden_states=last_hidden)
+                                         hidden_states=last_hidden, all_hidden_states=all_hidden)
         logits = self._compute(last_hidden, lm_head)
         full = logits if getattr(forward_batch, "return_full_logits", False) else None
-        return LogitsProcessorOutput(next_token_logits=logits, full_logits=full, hidden_states=last_hidden)
+        return LogitsProcessorOutput(next_token_logits=logits, full_logits=full, hidden_states=last_hidden,
+                                     all_hidden_states=all_hidden)

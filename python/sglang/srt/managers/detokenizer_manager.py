@@ -75,6 +75,7 @@ class IncrementalDetokenizer:
             input_top_logprobs=out.input_top_logprobs,
             output_token_ids_logprobs=out.output_token_ids_logprobs,
             input_token_ids_logprobs=out.input_token_ids_logprobs,
+            embeddings=out.embeddings,
         )
 
     def _decode_one(self, out: BatchTokenIDOutput, i: int, rid: str) -> str:

@@ -77,6 +77,24 @@ class GenerateReqInput:
 
 
 @dataclass
+class EmbeddingReqInput(GenerateReqInput):
+    """A request of an embedding server (`/encode`, `/v1/embeddings`, `/v1/rerank`, `/v1/score`):
+    prompts in, one pooled vector per prompt out (prefill only; `sampling_params` are ignored)."""
+
+    def normalize_batch_and_arguments(self) -> None:
+        super().normalize_batch_and_arguments()
+        self.sampling_params = {"max_new_tokens": 0}
+        self.stream = False
+        self.return_logprob = False
+
+
+NOT_EMBEDDING_MODEL = ("This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+                       "when launching the server or try another model.")
+NOT_GENERATION_MODEL = ("This server runs an embedding model (--is-embedding): it answers /v1/embeddings, /encode, "
+                        "/v1/rerank and /v1/score, not text generation.")
+
+
+@dataclass
 class TokenizedGenerateReqInput:
     rid: str
     input_text: Optional[str]
@@ -119,6 +137,8 @@ class BatchTokenIDOutput:
     # With token_ids_logprob: per position, [(logprob, token_id)] of the requested ids.
     output_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
     input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
+    # Embedding servers: the pooled vector of each finished request (None otherwise).
+    embeddings: List[Optional[list]] = field(default_factory=list)
 
 
 @dataclass
@@ -140,6 +160,8 @@ class BatchStrOutput:
     # With token_ids_logprob: per position, [(logprob, token_id)] of the requested ids.
     output_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
     input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
+    # Embedding servers: the pooled vector of each finished request (None otherwise).
+    embeddings: List[Optional[list]] = field(default_factory=list)
 
 
 @dataclass

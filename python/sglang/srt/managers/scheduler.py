@@ -74,6 +74,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             if self.tokenizer.eos_token_id is not None:
                 self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.sampler = Sampler()
+        # --is-embedding: every request is prefill only and ends with a pooled vector.
+        self.pooling = self.model_runner.pooling_config if sa.is_embedding else None
         self.grammar_manager = _build_grammar_manager(sa, self.tokenizer, self.model_config, self.eos_token_ids)
 
         self.waiting_queue: List[Req] = []
@@ -229,6 +231,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         if forward_batch is None:
             self._undo_admission(reqs)
             return None
+        forward_batch.return_all_hidden = self.pooling is not None and self.pooling.needs_all_tokens
         self.in_flight = reqs + decoding
         now = time.monotonic()
         for req in reqs:
@@ -258,6 +261,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     def run_extend(self, batch: ScheduleBatch, forward_batch, decoding: List[Req] = ()) -> None:
         logits_output = self._forward(forward_batch)
+        if self.pooling is not None:
+            return self._pool_extend(batch, forward_batch, logits_output)
         n_new = len(batch.reqs)
         # Requests whose prompt is fully prefilled now sample their first output token; mixed-in
         # running requests (after the new ones) sample their next one.
@@ -298,9 +303,39 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             self.role.after_chunk(self.chunked_req)
         self.emit(to_emit)
 
+    def _pool_extend(self, batch: ScheduleBatch, forward_batch, logits_output) -> None:
+        """Embedding servers: pool this chunk of each prompt; a prompt that is fully prefilled
+        finishes with its vector (finish reason length 0, as upstream) and its KV goes to the tree."""
+        from sglang.srt.core.finish_reason import FINISH_LENGTH
+        from sglang.srt.layers import pooler
+
+        offset, done = 0, []
+        all_hidden = logits_output.all_hidden_states
+        for i, (req, prefix_len, ext_len) in enumerate(zip(batch.reqs, forward_batch.extend_prefix_lens_cpu,
+                                                           forward_batch.extend_seq_lens_cpu)):
+            chunk = all_hidden[offset:offset + ext_len] if all_hidden is not None else None
+            offset += ext_len
+            req.pooled = pooler.accumulate(self.pooling, req.pooled, chunk, logits_output.hidden_states[i],
+                                           logits_output.next_token_logits[i], prefix_len == 0)
+            if req is self.chunked_req:
+                continue
+            req.is_chunked = 0
+            req.embedding = pooler.finish(self.pooling, req.pooled, len(req.origin_input_ids)).tolist()
+            req.pooled = None
+            req.finished_reason = FINISH_LENGTH(length=0)
+            self.memory.release(req, insert=True)
+            done.append(req)
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+            self.memory.cache_unfinished(self.chunked_req, chunked=True)
+        self.emit(done)
+
     def _accept_token(self, req: Req, token: int, samp, j: int) -> None:
-        """Appends a sampled token (`max_new_tokens == 0`: the prompt only, nothing is kept)."""
+        """Appends a sampled token. `max_new_tokens == 0`: the prompt only, no token is kept, but
+        the next-token distribution is still reported (top / token-id logprobs: `/v1/score`)."""
         if req.sampling_params.max_new_tokens == 0 and not req.output_ids:
+            if samp is not None:
+                samp(req, j, keep=False)
             return
         req.output_ids.append(token)
         if samp is not None:
@@ -405,10 +440,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         if not want:
             return out.next_token_ids.tolist(), None
 
-        def attach(req: Req, j: int) -> None:
+        def attach(req: Req, j: int, keep: bool = True) -> None:
             if not req.return_logprob:
                 return
-            req.output_token_logprobs.append((float(out.next_token_logprobs[j]), req.output_ids[-1]))
+            if keep:
+                req.output_token_logprobs.append((float(out.next_token_logprobs[j]), req.output_ids[-1]))
             if req.top_logprobs_num and out.top_logprobs is not None:
                 values, ids = out.top_logprobs[j]
                 req.output_top_logprobs.append(list(zip(values, ids)))

@@ -71,6 +71,7 @@ class SchedulerIntakeMixin:
             custom_logit_processor=recv.custom_logit_processor,
         )
         req.tokenizer = self.tokenizer
+        req.pool_all_tokens = self.pooling is not None and self.pooling.needs_all_tokens
         return req
 
     def add_request(self, recv: TokenizedGenerateReqInput) -> Req:

@@ -39,6 +39,7 @@ def collect_outputs(reqs: List, stream_interval: int = 1) -> BatchTokenIDOutput:
         out.completion_tokens.append(len(req.output_ids))
         out.cached_tokens.append(req.cached_tokens)
         out.retraction_counts.append(req.num_retractions)
+        out.embeddings.append(req.embedding)
         if req.return_logprob:
             out.output_token_logprobs.append(req.output_token_logprobs[req.sent_logprob_len :])
             out.output_top_logprobs.append(req.output_top_logprobs[req.sent_logprob_len :])

@@ -66,6 +66,24 @@ class SchedulerStatsMixin:
             "model_path": self.model_config.model_path,
             "architecture": self.model_config.architecture,
             "page_size": self.page_size,
+            **self.embedding_info(),
+        }
+
+    def embedding_info(self) -> dict:
+        """Embedding servers: what `/v1/embeddings` and `/v1/rerank` check (vector size, pooling,
+        matryoshka dimensions from config.json, as upstream)."""
+        if self.pooling is None:
+            return {}
+        from sglang.srt.configs.model_config import num_labels_of
+
+        hf = self.model_config.hf_config
+        return {
+            "is_classifier": self.pooling.classifier,
+            "pooling_type": self.pooling.pooling_type,
+            "embedding_normalize": self.pooling.normalize,
+            "embedding_dim": num_labels_of(hf) if self.pooling.classifier else self.model_config.hidden_size,
+            "is_matryoshka": bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions")),
+            "matryoshka_dimensions": hf.get("matryoshka_dimensions"),
         }
 
     def internal_state(self) -> dict:

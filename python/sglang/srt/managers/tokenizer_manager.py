@@ -18,8 +18,11 @@ import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from sglang.srt.managers.io_struct import (
+    NOT_EMBEDDING_MODEL,
+    NOT_GENERATION_MODEL,
     AbortReq,
     BatchStrOutput,
+    EmbeddingReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GenerateReqInput,
@@ -98,6 +101,8 @@ class TokenizerManager:
         self.auto_create_handle_loop()
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
+        if isinstance(obj, EmbeddingReqInput) != bool(self.server_args.is_embedding):
+            raise ValueError(NOT_GENERATION_MODEL if self.server_args.is_embedding else NOT_EMBEDDING_MODEL)
         obj.normalize_batch_and_arguments()
         entries = expand_request(obj)
         try:
@@ -307,6 +312,8 @@ class TokenizerManager:
             item = {"text": out.output_strs[i], "output_ids": list(out.output_ids[i]), "meta_info": meta}
             if self.server_args.skip_tokenizer_init:
                 item.pop("text")
+            if self.server_args.is_embedding:  # upstream's embedding output: the vector and meta_info
+                item = {"embedding": _at(out.embeddings, i), "meta_info": meta}
             if reason is not None:
                 meta["e2e_latency"] = time.time() - st.created_time
                 st.finished = True

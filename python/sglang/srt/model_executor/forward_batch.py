@@ -42,6 +42,7 @@ class ForwardBatch:
     # Logits of every new token (not only the last of each request) are returned when set:
     # prompt logprobs and logits-parity tests use it.
     return_full_logits: bool = False
+    return_all_hidden: bool = False  # every new token's final hidden state (embedding pooling)
     # Filled by the model runner.
     req_to_token_pool: Any = None
     token_to_kv_pool: Any = None

@@ -32,6 +32,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
 from sglang.srt.layers.linear import pack_linear_weights
+from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
 from sglang.srt.model_loader.loader import get_model, load_hf_config, resolve_dtype
@@ -68,6 +69,9 @@ class ModelRunner:
         self.model_config: ModelConfig = model_config
         self.device = str(self.config.device or "cpu")
         self.hf_config = load_hf_config(model_config.model_path)
+        # How embeddings are pooled (used by the scheduler of an --is-embedding server).
+        self.pooling_config = read_pooling_config(model_config.model_path, model_config.architecture,
+                                                  model_config.hf_config)
         self.dtype = resolve_dtype(self.config.dtype, self.hf_config, self.device)
         self.kv_cache_dtype = self._resolve_kv_cache_dtype(self.config.kv_cache_dtype)
         self.memory: Optional[MemoryManager] = None

@@ -12,6 +12,7 @@ from typing import Any, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.configs.model_config import num_labels_of
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
@@ -199,3 +200,23 @@ class LlamaForCausalLM(nn.Module):
 
 
 EntryClass = LlamaForCausalLM
+
+
+class LlamaForSequenceClassification(LlamaForCausalLM):
+    """HF's `*ForSequenceClassification` (rerankers, reward models): the same decoder with a
+    `score` head [num_labels, hidden] instead of the LM head; the logits of the last token are
+    the output (served with --is-embedding: /v1/rerank, /v1/score, /encode)."""
+
+    def __init__(self, config: Any, model_config=None):
+        nn.Module.__init__(self)
+        self.config = config
+        self.model_config = model_config
+        self.model = LlamaModel(config, model_config, **self.attention_kwargs)
+        self.tie_word_embeddings = False
+        self.score = ParallelLMHead(num_labels_of(config), config.hidden_size)
+        self.logits_processor = LogitsProcessor(config)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
+                input_embeds: Optional[torch.Tensor] = None) -> LogitsProcessorOutput:
+        hidden_states = self.model(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden_states, self.score, forward_batch)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.llama import LlamaForCausalLM, LlamaForSequenceClassification
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     attention_kwargs = dict(qkv_bias=True, o_bias=False)
+
+
+class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
+    attention_kwargs = Qwen2ForCausalLM.attention_kwargs
 
 
 EntryClass = Qwen2ForCausalLM

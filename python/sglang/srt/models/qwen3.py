@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.llama import LlamaForCausalLM, LlamaForSequenceClassification
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     attention_kwargs = dict(qk_norm=True)
+
+
+class Qwen3ForSequenceClassification(LlamaForSequenceClassification):
+    attention_kwargs = Qwen3ForCausalLM.attention_kwargs
 
 
 EntryClass = Qwen3ForCausalLM

@@ -13,6 +13,10 @@ _MODELS: Dict[str, tuple] = {
     "LlamaForCausalLM": ("sglang.srt.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM"),
+    # Sequence classification (rerankers, reward models; served with --is-embedding)
+    "LlamaForSequenceClassification": ("sglang.srt.models.llama", "LlamaForSequenceClassification"),
+    "Qwen2ForSequenceClassification": ("sglang.srt.models.qwen2", "Qwen2ForSequenceClassification"),
+    "Qwen3ForSequenceClassification": ("sglang.srt.models.qwen3", "Qwen3ForSequenceClassification"),
     "NemotronHForCausalLM": ("sglang.srt.models.nemotron_h", "NemotronHForCausalLM"),
     "FalconH1ForCausalLM": ("sglang.srt.models.falcon_h1", "FalconH1ForCausalLM"),
     "Qwen3NextForCausalLM": ("sglang.srt.models.qwen3_next", "Qwen3NextForCausalLM"),

@@ -1,0 +1,308 @@
+"""`POST /v1/responses` (OpenAI's Responses API, text in and out), with `GET /v1/responses/{id}`
+and `POST /v1/responses/{id}/cancel`, as upstream SGLang serves them.
+
+A request becomes chat messages (`instructions` as the system message, then the conversation
+of `previous_response_id`, then `input`: a string is one user message, a list holds message
+items whose content is a string or `input_text` / `output_text` parts) and runs as one chat
+completion (`OpenAIServingChat`'s template and sampling mapping). Stored responses
+(`store`, default true) live in this process's memory, the newest `MAX_STORED_RESPONSES`, so a
+later request can continue from them; they are lost on restart.
+
+Streams are upstream's (and OpenAI's) typed events, `event: <type>` + `data: <json>` with a
+`sequence_number`: response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta..., response.output_text.done,
+response.content_part.done, response.output_item.done, response.completed (no `[DONE]`).
+Usage is OpenAI's (`input_tokens`, `output_tokens`, their details, `total_tokens`) in both the
+streamed and the plain response; the plain one also keeps upstream's `prompt_tokens` /
+`completion_tokens` keys. Not served here: tools, background mode, reasoning items.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Union
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import Field
+
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, _Lenient
+from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
+from sglang.srt.managers.tokenizer_manager import EngineDeadError
+
+MAX_STORED_RESPONSES = 10000
+
+
+class ResponsesRequest(_Lenient):
+    input: Union[str, List[Dict[str, Any]]]
+    model: Optional[str] = None
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    previous_response_id: Optional[str] = None
+    store: Optional[bool] = True
+    stream: Optional[bool] = False
+    background: Optional[bool] = False
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: Optional[Union[str, List[str]]] = None
+    metadata: Optional[Dict[str, Any]] = None
+    user: Optional[str] = None
+    tools: List[Dict[str, Any]] = Field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: Optional[bool] = True
+    truncation: Optional[str] = "disabled"
+    reasoning: Optional[Dict[str, Any]] = None
+    request_id: str = Field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    priority: Optional[int] = None
+
+
+def _error(message: str, status_code: int = 400, param: Optional[str] = None,
+           err_type: str = "invalid_request_error") -> JSONResponse:
+    """The Responses routes' error envelope (nested, as OpenAI and upstream)."""
+    return JSONResponse(status_code=status_code, content={"error": {"message": message, "type": err_type,
+                                                                    "param": param, "code": status_code}})
+
+
+def _check_id(response_id: str, store: "ResponseStore") -> Optional[JSONResponse]:
+    if not response_id.startswith("resp"):
+        return _error(f"Invalid 'response_id': '{response_id}'. Expected an ID that begins with 'resp'.",
+                      param="response_id")
+    if response_id not in store.responses:
+        return _error(f"Response with id '{response_id}' not found.", 404, param="response_id")
+    return None
+
+
+class ResponseStore:
+    """Stored responses and the conversation each continued, newest `limit` kept."""
+
+    def __init__(self, limit: int = MAX_STORED_RESPONSES):
+        self.limit = limit
+        self.responses: "collections.OrderedDict[str, dict]" = collections.OrderedDict()
+        self.messages: Dict[str, List[dict]] = {}
+
+    def put(self, response: dict, messages: List[dict]) -> None:
+        rid = response["id"]
+        self.responses[rid] = response
+        self.messages[rid] = messages
+        while len(self.responses) > self.limit:
+            old, _ = self.responses.popitem(last=False)
+            self.messages.pop(old, None)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise ValueError(f"Content of type '{kind}' is not supported by this server yet: only text.")
+        texts.append(part.get("text") or "")
+    return "".join(texts)
+
+
+def input_messages(request: ResponsesRequest, history: List[dict]) -> List[dict]:
+    """The chat messages of this turn: system instructions, the stored conversation, the input."""
+    msgs = [{"role": "system", "content": request.instructions}] if request.instructions else []
+    msgs += [m for m in history if m["role"] != "system"]
+    if isinstance(request.input, str):
+        msgs.append({"role": "user", "content": request.input})
+        return msgs
+    for item in request.input:
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise ValueError(f"Input items of type '{kind}' are not supported by this server yet: only messages.")
+        role = item.get("role", "user")
+        if role == "developer":
+            role = "system"
+        if role not in ("user", "assistant", "system"):
+            raise ValueError(f"Unknown role '{role}' in a message input item.")
+        msgs.append({"role": role, "content": _content_text(item.get("content"))})
+    return msgs
+
+
+def _usage(meta: dict, report_cached: bool = True) -> dict:
+    prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
+    cached = meta.get("cached_tokens", 0)
+    return {
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+class OpenAIServingResponses:
+    def __init__(self, ctx, chat):
+        self.ctx = ctx
+        self.chat = chat  # OpenAIServingChat: template, sampling mapping
+        self.store = ResponseStore()
+
+    # --- the response object ---------------------------------------------------------------------
+    def _response(self, request: ResponsesRequest, status: str, output: List[dict], usage: Optional[dict],
+                  created_at: int) -> dict:
+        return {
+            "id": request.request_id, "object": "response", "created_at": created_at,
+            "model": request.model or self.ctx.served_model_name, "status": status, "output": output,
+            "usage": usage, "error": None, "incomplete_details": None, "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens, "previous_response_id": request.previous_response_id,
+            "parallel_tool_calls": bool(request.parallel_tool_calls), "tool_choice": request.tool_choice,
+            "tools": request.tools, "reasoning": {"effort": (request.reasoning or {}).get("effort"), "summary": None},
+            "store": request.store, "temperature": request.temperature, "top_p": request.top_p,
+            "truncation": request.truncation, "user": request.user, "metadata": request.metadata or {},
+            "text": {"format": {"type": "text"}},
+        }
+
+    @staticmethod
+    def _message_item(item_id: str, text: str, status: str) -> dict:
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+        return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+    # --- routes ------------------------------------------------------------------------------------------
+    async def create(self, request: ResponsesRequest, raw_request: Request):
+        if request.background:
+            return _error("Background responses are not supported by this server: send the request without "
+                          "'background' (or stream it).", param="background")
+        if request.tools:
+            return _error("Tools are not supported by /v1/responses on this server yet: use /v1/chat/completions "
+                          "with 'tools'.", param="tools")
+        history: List[dict] = []
+        if request.previous_response_id is not None:
+            err = _check_id(request.previous_response_id, self.store)
+            if err is not None:
+                return err
+            history = self.store.messages[request.previous_response_id]
+        dead = self.ctx.dead_reason()
+        if dead:
+            return _error(dead, 503, err_type="ServiceUnavailable")
+        try:
+            messages = input_messages(request, history)
+            chat_request = ChatCompletionRequest(
+                messages=messages, model=request.model or self.ctx.served_model_name,
+                max_completion_tokens=request.max_output_tokens, temperature=request.temperature,
+                top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+                repetition_penalty=request.repetition_penalty, frequency_penalty=request.frequency_penalty,
+                presence_penalty=request.presence_penalty, stop=request.stop, stream=bool(request.stream),
+                rid=request.request_id, priority=request.priority, user=request.user,
+            )
+            error = self.chat._validate(chat_request)
+            if error:
+                return _error(error)
+            obj = self.chat._convert(chat_request)
+            agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
+            first = await first_output(agen)
+        except ValueError as e:
+            return _error(str(e))
+        except EngineDeadError as e:
+            return _error(str(e), 503, err_type="ServiceUnavailable")
+        aborted = abort_error([first] if first is not None else [])
+        if aborted is not None:
+            return _error(aborted.message, aborted.status_code)
+        created_at = int(time.time())
+        if request.stream:
+            return StreamingResponse(self._events(request, messages, first, agen, created_at),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "Connection": "keep-alive"})
+        text = first["text"]
+        meta = first["meta_info"]
+        output = [self._message_item(f"msg_{uuid.uuid4().hex}", text, "completed")] if text else []
+        usage = _usage(meta)
+        usage.update(prompt_tokens=usage["input_tokens"], completion_tokens=usage["output_tokens"])
+        response = self._response(request, "completed", output, usage, created_at)
+        self._remember(request, messages, response, text)
+        return Response(content=orjson.dumps(response), media_type="application/json")
+
+    def _remember(self, request: ResponsesRequest, messages: List[dict], response: dict, text: str) -> None:
+        if request.store:
+            self.store.put(response, messages + [{"role": "assistant", "content": text}])
+
+    async def _events(self, request: ResponsesRequest, messages: List[dict], first, agen, created_at: int):
+        seq = 0
+
+        def event(kind: str, **fields) -> bytes:
+            nonlocal seq
+            payload = {"type": kind, "sequence_number": seq, **fields}
+            seq += 1
+            return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+        base = self._response(request, "in_progress", [], None, created_at)
+        yield event("response.created", response=base)
+        yield event("response.in_progress", response=base)
+        item_id, text, meta, started = f"msg_{uuid.uuid4().hex}", "", {}, False
+        outputs = chain_outputs(first, agen)
+        try:
+            async for out in outputs:
+                meta = out["meta_info"]
+                delta = out["text"][len(text):]
+                if delta and not started:
+                    started = True
+                    yield event("response.output_item.added", output_index=0,
+                                item=self._message_item(item_id, "", "in_progress"))
+                    yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                if delta:
+                    text = out["text"]
+                    yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
+                                delta=delta, logprobs=[])
+        except Exception as e:  # noqa: BLE001 - the stream ends with response.failed, not a cut connection
+            failed = self._response(request, "failed", [], None, created_at)
+            failed["error"] = {"code": "server_error", "message": str(e)}
+            yield event("response.failed", response=failed)
+            return
+        finally:
+            await outputs.aclose()
+        output = []
+        if started:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
+                        logprobs=[])
+            yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=part)
+            item = self._message_item(item_id, text, "completed")
+            yield event("response.output_item.done", output_index=0, item=item)
+            output = [item]
+        reason = (meta.get("finish_reason") or {}) if meta else {}
+        if reason.get("type") == "abort":
+            failed = self._response(request, "failed", output, _usage(meta), created_at)
+            failed["error"] = {"code": "server_error", "message": str(reason.get("message") or "aborted")}
+            yield event("response.failed", response=failed)
+            return
+        response = self._response(request, "completed", output, _usage(meta), created_at)
+        self._remember(request, messages, response, text)
+        yield event("response.completed", response=response)
+
+    def retrieve(self, response_id: str):
+        err = _check_id(response_id, self.store)
+        if err is not None:
+            return err
+        return Response(content=orjson.dumps(self.store.responses[response_id]), media_type="application/json")
+
+    def cancel(self, response_id: str):
+        err = _check_id(response_id, self.store)
+        if err is not None:
+            return err
+        return _error("Cannot cancel a synchronous response.")
+
+
+def add_responses_routes(app, ctx, chat, parse_body) -> None:
+    serving = OpenAIServingResponses(ctx, chat)
+
+    @app.post("/v1/responses")
+    async def v1_responses(raw_request: Request):
+        return await serving.create(await parse_body(raw_request, ResponsesRequest), raw_request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def v1_retrieve_response(response_id: str):
+        return serving.retrieve(response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def v1_cancel_response(response_id: str):
+        return serving.cancel(response_id)
