@@ -79,6 +79,7 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     handles it); an `Engine` host watches its children instead."""
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.server_args import PortArgs
 
@@ -88,11 +89,16 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
     scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w, notify_parent), name="sglang::scheduler", daemon=True)
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w, notify_parent), name="sglang::detokenizer", daemon=True)
     scheduler.start()
-    detok.start()
-    procs = EngineProcesses(None, {}, [scheduler, detok], port_args, bootstrap_server)
+    procs = EngineProcesses(None, {}, [scheduler], port_args, bootstrap_server)
     try:
+        # Loaded once here, while the scheduler loads the model; the detokenizer gets a copy.
+        tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args)
+        detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w, notify_parent,
+                                                                  tokenizer),
+                            name="sglang::detokenizer", daemon=True)
+        detok.start()
+        procs.processes.append(detok)
         info = _wait_ready(sched_r, scheduler, "scheduler")
         _wait_ready(detok_r, detok, "detokenizer")
     except Exception:
@@ -103,7 +109,8 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
         from sglang.srt.utils.cpu_binding import one_thread
 
         one_thread()
-    procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive)
+    procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive,
+                                               tokenizer=tokenizer)
     return procs
 
 

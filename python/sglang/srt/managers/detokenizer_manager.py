@@ -103,16 +103,23 @@ class IncrementalDetokenizer:
         return st.decoded_text
 
 
-def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_parent: bool = False) -> None:
-    """Subprocess entry: PULL BatchTokenIDOutput from the scheduler, PUSH BatchStrOutput to the tokenizer manager."""
+def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_parent: bool = False,
+                            tokenizer=None) -> None:
+    """Subprocess entry: PULL BatchTokenIDOutput from the scheduler, PUSH BatchStrOutput to the tokenizer manager.
+
+    `tokenizer`: the server's tokenizer, already loaded by the parent (it arrives pickled:
+    unpickling it costs ~1.7 s and no torch import, loading it again ~6 s, most of it importing
+    torch and the model's HF config); loaded here when not given. This process never needs torch."""
     import zmq
 
     from sglang.srt.utils.process import configure_subprocess
 
-    configure_subprocess("detokenizer", server_args)
-    from sglang.srt.managers.tokenizer_loading import load_tokenizer
+    configure_subprocess("detokenizer", server_args, torch_threads=0)
+    if tokenizer is None:
+        from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
-    detok = IncrementalDetokenizer(load_tokenizer(server_args))
+        tokenizer = load_tokenizer(server_args)
+    detok = IncrementalDetokenizer(tokenizer)
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)
     recv.bind(port_args.detokenizer_ipc_name)

@@ -64,7 +64,7 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, server_args, port_args, scheduler_info: Dict[str, Any],
-                 is_scheduler_alive: Optional[Callable[[], bool]] = None):
+                 is_scheduler_alive: Optional[Callable[[], bool]] = None, tokenizer=None):
         import zmq
         import zmq.asyncio
 
@@ -73,8 +73,8 @@ class TokenizerManager:
         self.context_len = scheduler_info["context_len"]
         self.vocab_size = scheduler_info["vocab_size"]
         self.is_scheduler_alive = is_scheduler_alive or (lambda: True)
-        self.tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        self.tokenizer = tokenizer  # loaded by the caller (launch_engine_processes), or here
+        if tokenizer is None and not server_args.skip_tokenizer_init:
             from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
             self.tokenizer = load_tokenizer(server_args)
