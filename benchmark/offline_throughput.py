@@ -147,6 +147,8 @@ def main():
                     help="OMP_NUM_THREADS for ours, HF and upstream SGLang (default: their own default, all "
                          "cores; vLLM-CPU keeps its own binding: one core)")
     ap.add_argument("--no-roofline", action="store_true", help="skip the ceiling measurement (~10 s)")
+    ap.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plots", "offline_throughput.png"),
+                    help="PNG drawn from the final table (matplotlib: pip install -e '.[bench]'); '' for none")
     args = ap.parse_args()
 
     t_start = time.time()
@@ -170,8 +172,12 @@ def main():
         rows += part
     threads = f"OMP_NUM_THREADS={args.threads}" if args.threads else "default threads"
     print(f"\nmachine at end: {machine_line()}; total {time.time() - t_start:.0f} s")
-    print_table(f"Offline throughput (batch:input:output; greedy, EOS ignored; median of {args.reps}; {threads})",
-                headers, rows)
+    title = f"Offline throughput (batch:input:output; greedy, EOS ignored; median of {args.reps}; {threads})"
+    print_table(title, headers, rows)
+    if args.plot:
+        from plots import save_plot
+
+        save_plot("throughput", headers, rows, args.plot, title)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--reserved-decode-tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    ap.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plots", "retraction_latest.png"),
+                    help="PNG drawn from the final table (matplotlib: pip install -e '.[bench]'); '' for none")
     args = ap.parse_args()
 
     print(f"machine: {machine_line()}", flush=True)
@@ -169,11 +171,16 @@ def main():
                      f"{recomputed / prompt_tokens:.2f}", statistics.median(r["aborted"] for r in rs),
                      "-" if same == {None} else ("yes" if same == {True} else "NO"), *cost])
     print(f"\nmachine at end: {machine_line()}")
-    print_table(f"Retraction under decode memory pressure ({args.model}:{args.dtype}, {args.num_requests} reqs x "
-                f"{args.input_len} in / {args.output_len} out, page {args.page_size}; median of {args.reps})",
-                ["mode", "KV pool tokens", "out tok/s", f"vs {args.modes[0]}", "retractions",
-                 "recomputed tokens", "recomputed / prompt tokens", "aborted", "outputs == unpressured",
-                 "backup ms / req", "restore ms", "bytes / backup"], rows)
+    title = (f"Retraction under decode memory pressure ({args.model}:{args.dtype}, {args.num_requests} reqs x "
+             f"{args.input_len} in / {args.output_len} out, page {args.page_size}; median of {args.reps})")
+    headers = ["mode", "KV pool tokens", "out tok/s", f"vs {args.modes[0]}", "retractions",
+               "recomputed tokens", "recomputed / prompt tokens", "aborted", "outputs == unpressured",
+               "backup ms / req", "restore ms", "bytes / backup"]
+    print_table(title, headers, rows)
+    if args.plot:
+        from plots import save_plot
+
+        save_plot("retraction", headers, rows, args.plot, title)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,8 @@ def main():
     ap.add_argument("--text-prompts", action="store_true",
                     help="send the random token ids decoded to text (the sglang-router refuses token-id prompts on "
                          "/v1/completions); lengths are then approximate, the same text goes to every server")
+    ap.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plots", "serving_latest.png"),
+                    help="PNG drawn from the final table (matplotlib: pip install -e '.[bench]'); '' for none")
     args = ap.parse_args()
     if args.url is None and args.launch is None:
         args.launch = ["ours", "vllm"]
@@ -278,9 +280,14 @@ def main():
             r.append("" if ours is None or r is ours else f"{ours[3] / r[3]:.2f}x")
     print(f"\nmachine at end: {machine_line()}")
     rate = "inf" if args.request_rate == float("inf") else f"{args.request_rate:g}"
-    print_table(f"Serving ({args.model}:{args.dtype}; {args.num_prompts} prompts, input <= {args.input_len}, output "
-                f"<= {args.output_len}, rate {rate}, concurrency {args.max_concurrency}; median of {args.rounds})",
-                HEADERS + ["peak RSS MiB"] + (["ours out tok/s / server"] if len(rows) > 1 else []), rows)
+    title = (f"Serving ({args.model}:{args.dtype}; {args.num_prompts} prompts, input <= {args.input_len}, output "
+             f"<= {args.output_len}, rate {rate}, concurrency {args.max_concurrency}; median of {args.rounds})")
+    headers = HEADERS + ["peak RSS MiB"] + (["ours out tok/s / server"] if len(rows) > 1 else [])
+    print_table(title, headers, rows)
+    if args.plot:
+        from plots import save_plot
+
+        save_plot("latency", headers, rows, args.plot, title)
 
 
 if __name__ == "__main__":
