@@ -69,6 +69,7 @@ def _clients_shapes_then_pools_free(router, ports):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="m", prompt="Hello", max_tokens=4, temperature=-1)
     servers = [f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[2]}"]
+    _routes_beyond_chat(client, router, servers[1])
     info = requests.get(servers[1] + "/server_info", timeout=30).json()
     target = FuzzTarget(url=router, vocab_size=info["vocab_size"], context_len=info["context_len"],
                         behind_sglang_router=True, tokenize_routes=False, abort_urls=[servers[1]], pd=True)
@@ -78,6 +79,37 @@ def _clients_shapes_then_pools_free(router, ports):
         assert requests.get(u + "/health", timeout=10).status_code == 200
     assert_pools_restored(servers)
     _metrics_moved(servers)
+
+
+def _routes_beyond_chat(client, router, decode_url):
+    """The Responses API, embeddings, rerank and score in a PD deployment (docs/server.md): the
+    real router answers 501 for /v1/responses and /v1/embeddings and has no /v1/score; the decode
+    server serves /v1/responses by running each turn through the router (same text as the chat
+    completion, streamed events, a stored conversation); rerank reaches both PD servers, which say
+    how to serve embedding models."""
+    import openai
+
+    assert requests.post(router + "/v1/responses", json={"input": "hi"}, timeout=30).status_code == 501
+    assert requests.post(router + "/v1/embeddings", json={"model": "m", "input": "hi"}, timeout=30).status_code == 501
+    assert requests.post(router + "/v1/score", json={"query": "a", "items": ["b"], "label_token_ids": [1]},
+                         timeout=30).status_code == 404
+    rerank = requests.post(router + "/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=30)
+    assert rerank.status_code == 400 and "--is-embedding" in rerank.text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    chat = client.chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=0)
+    decode = openai.OpenAI(base_url=decode_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    first = decode.responses.create(model="m", input="Hi", instructions="Be brief.", max_output_tokens=6,
+                                    temperature=0)
+    assert first.status == "completed" and first.output_text == chat.choices[0].message.content
+    assert first.usage.input_tokens == chat.usage.prompt_tokens
+    events = list(decode.responses.create(model="m", input="Hi", instructions="Be brief.", max_output_tokens=6,
+                                          temperature=0, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[-1].response.output_text == first.output_text
+    second = decode.responses.create(model="m", input="More?", previous_response_id=first.id, max_output_tokens=4,
+                                     temperature=0)
+    assert second.status == "completed" and second.usage.input_tokens > first.usage.input_tokens
+    decode.close()
 
 
 def _metrics_moved(servers):

@@ -15,11 +15,16 @@ response.content_part.done, response.output_item.done, response.completed (no `[
 Usage is OpenAI's (`input_tokens`, `output_tokens`, their details, `total_tokens`) in both the
 streamed and the plain response; the plain one also keeps upstream's `prompt_tokens` /
 `completion_tokens` keys. Not served here: tools, background mode, reasoning items.
+
+On a PD server each turn runs through the deployment's router instead (`responses_via_router.py`:
+the real router answers 501 for this route in PD mode, so `launch_pd` users call the decode
+server's `/v1/responses`).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import time
 import uuid
 from typing import Any, Dict, List, Optional, Union
@@ -30,7 +35,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, _Lenient
+from sglang.srt.entrypoints.openai.responses_via_router import RouterError, chat_through_router
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
+from sglang.srt.entrypoints.web_ui import WEB_API_BASE_ENV
 from sglang.srt.managers.tokenizer_manager import EngineDeadError
 
 MAX_STORED_RESPONSES = 10000
@@ -197,9 +204,13 @@ class OpenAIServingResponses:
             error = self.chat._validate(chat_request)
             if error:
                 return _error(error)
-            obj = self.chat._convert(chat_request)
-            agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
+            if self.ctx.server_args.disaggregation_mode != "null":
+                agen = self._via_router(chat_request)
+            else:
+                agen = self.ctx.tokenizer_manager.generate_request(self.chat._convert(chat_request), raw_request)
             first = await first_output(agen)
+        except RouterError as e:
+            return _error(e.message, e.status_code)
         except ValueError as e:
             return _error(str(e))
         except EngineDeadError as e:
@@ -220,6 +231,17 @@ class OpenAIServingResponses:
         response = self._response(request, "completed", output, usage, created_at)
         self._remember(request, messages, response, text)
         return Response(content=orjson.dumps(response), media_type="application/json")
+
+    def _via_router(self, chat_request: ChatCompletionRequest):
+        """A PD server cannot generate alone: the turn goes through the deployment's router
+        (`responses_via_router.py`)."""
+        base = os.environ.get(WEB_API_BASE_ENV)
+        if not base:
+            raise ValueError(f"This is a PD {self.ctx.server_args.disaggregation_mode} server: it serves /v1/responses "
+                             f"through the deployment's router, whose URL it gets from {WEB_API_BASE_ENV} (launch_pd "
+                             "sets it). Set it, or send the request to a plain server.")
+        body = chat_request.model_dump(exclude_unset=True, exclude_none=True)
+        return chat_through_router(base, body, self.ctx.server_args.api_key)
 
     def _remember(self, request: ResponsesRequest, messages: List[dict], response: dict, text: str) -> None:
         if request.store:
