@@ -8,8 +8,6 @@ import pytest
 import requests
 
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
-from sglang.test.server_utils import popen_launch_server, start_side_by_side
-from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
 
@@ -23,26 +21,19 @@ def url(port):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(str(tmp_path_factory.mktemp("pd_llama")), "llama", seed=6)
+def model_dir(pd_llama_cluster):
+    return pd_llama_cluster["model"]
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
+def cluster(pd_llama_cluster, tmp_path_factory):
+    """The shared plain server and PD pair (test/srt/conftest.py) behind this module's router."""
     logs = tmp_path_factory.mktemp("pd_logs")
-    procs = []
-    try:
-        ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "router")}
-        procs += start_side_by_side(
-            lambda: popen_launch_server(model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")),
-            lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")),
-            lambda: launch_decode(model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log")))
-        procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
-                                   log_path=str(logs / "router.log")))
-        yield ports
-    finally:
-        for p in reversed(procs):
-            stop_server(p)
+    ports = {**pd_llama_cluster, "router": find_free_port()}
+    router = launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
+                           log_path=str(logs / "router.log"))
+    yield ports
+    stop_server(router)
 
 
 def plain_texts(ports, prompts, params=GREEDY):

@@ -14,13 +14,11 @@ import pytest
 import requests
 
 from sglang.srt.router.mini_lb import build_prefill_configs, get_request_batch_size, inject_bootstrap
-from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, stop_server
-from sglang.test.server_utils import popen_launch_server, start_side_by_side, wait_for_health
-from sglang.test.tiny_models import make_tiny_model
+from sglang.test.pd_utils import find_free_port, stop_server
+from sglang.test.server_utils import wait_for_health
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-COMMON = ["--max-total-tokens", "4096", "--dtype", "float32"]
 
 
 def url(port):
@@ -67,23 +65,13 @@ def test_injection_scalars_lists_and_ipv6():
 
 # --- a real 1P1D cluster behind the LB ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    model_dir = make_tiny_model(str(tmp_path_factory.mktemp("minilb_llama")), "llama", seed=10)
-    logs = tmp_path_factory.mktemp("minilb_logs")
-    ports = {k: find_free_port() for k in ("plain", "prefill", "boot", "decode", "lb")}
-    procs = []
-    try:
-        procs += start_side_by_side(
-            lambda: popen_launch_server(model_dir, ports["plain"], COMMON, log_path=str(logs / "plain.log")),
-            lambda: launch_prefill(model_dir, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / "prefill.log")),
-            lambda: launch_decode(model_dir, ports["decode"], COMMON, log_path=str(logs / "decode.log")))
-        procs.append(launch_lb(ports["lb"], [url(ports["prefill"])], [url(ports["decode"])], [ports["boot"]],
-                               log_path=str(logs / "lb.log")))
-        ports["logs"] = logs
-        yield ports
-    finally:
-        for p in reversed(procs):
-            stop_server(p)
+def cluster(pd_llama_cluster, tmp_path_factory):
+    """The shared plain server and PD pair (test/srt/conftest.py) behind this module's LB."""
+    ports = {**pd_llama_cluster, "lb": find_free_port()}
+    lb = launch_lb(ports["lb"], [url(ports["prefill"])], [url(ports["decode"])], [ports["boot"]],
+                   log_path=str(tmp_path_factory.mktemp("minilb_logs") / "lb.log"))
+    yield ports
+    stop_server(lb)
 
 
 def generate(port, body, timeout=120):
