@@ -50,6 +50,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: str, title: str) -> None:
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_throughput(headers, rows, path: str, title: str = "") -> None:
     """Output tok/s against batch size, one line per engine (one panel per model:dtype)."""
     plt = _plt()
@@ -73,11 +81,7 @@ def plot_throughput(headers, rows, path: str, title: str = "") -> None:
         ax.set_title(panel or title)
         ax.grid(alpha=0.3)
         ax.legend()
-    if title and panels and list(panels)[0]:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title if panels and list(panels)[0] else "")
 
 
 def plot_latency(headers, rows, path: str, title: str = "") -> None:
@@ -97,11 +101,7 @@ def plot_latency(headers, rows, path: str, title: str = "") -> None:
         ax.set_title(name)
         ax.grid(alpha=0.3, axis="y")
         ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def plot_retraction(headers, rows, path: str, title: str = "") -> None:
@@ -126,11 +126,7 @@ def plot_retraction(headers, rows, path: str, title: str = "") -> None:
         ax.grid(alpha=0.3, axis="y")
         if len(models) > 1:
             ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 PLOTTERS = {"throughput": plot_throughput, "latency": plot_latency, "retraction": plot_retraction}

@@ -95,6 +95,13 @@ async def score_request(tokenizer_manager, query: Query = None, items: Items = N
     obj = build_score_request(query, items, label_token_ids, item_first, tokenizer_manager.vocab_size, is_generation)
     if obj is None:
         return ScoreResult()
+    outputs = await run_to_completion(tokenizer_manager, obj, request)
+    return scores_from_outputs(outputs, label_token_ids, apply_softmax, is_generation)
+
+
+async def run_to_completion(tokenizer_manager, obj: GenerateReqInput, request=None) -> List[dict]:
+    """Runs a non-streaming request (a batch or one prompt) and returns its outputs as a list. An
+    aborted entry raises: ValueError for the client's fault (400), RuntimeError otherwise."""
     outputs = None
     async for outputs in tokenizer_manager.generate_request(obj, request):
         break
@@ -104,7 +111,7 @@ async def score_request(tokenizer_manager, query: Query = None, items: Items = N
         if reason.get("type") == "abort":
             message = str(reason.get("message") or "The request was aborted.")
             raise ValueError(message) if reason.get("status_code") == 400 else RuntimeError(message)
-    return scores_from_outputs(outputs, label_token_ids, apply_softmax, is_generation)
+    return outputs
 
 
 def _softmax(values: List[float]) -> List[float]:

@@ -123,6 +123,17 @@ def abort_error(outputs: Iterable[dict]) -> Optional[RequestAborted]:
     return None
 
 
+def error_from_exception(e: Exception) -> JSONResponse:
+    """Upstream's mapping of a failed request: ValueError is the client's fault (400), a dead
+    engine 503, anything else a 500 that says why (and the log gets the traceback)."""
+    if isinstance(e, ValueError):
+        return create_error_response(str(e))
+    if isinstance(e, EngineDeadError):
+        return create_error_response(str(e), err_type="ServiceUnavailable", status_code=503)
+    logger.exception("Error in request: %s", e)
+    return create_error_response(f"Internal server error: {e}", err_type="InternalServerError", status_code=500)
+
+
 def error_from_abort(exc: RequestAborted) -> JSONResponse:
     if exc.status_code == HTTPStatus.BAD_REQUEST:
         return create_error_response(exc.message)
@@ -349,13 +360,8 @@ class OpenAIServingBase:
             obj = self._convert(request)
             agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
             first = await first_output(agen)
-        except ValueError as e:
-            return create_error_response(str(e))
-        except EngineDeadError as e:
-            return create_error_response(str(e), err_type="ServiceUnavailable", status_code=503)
-        except Exception as e:  # noqa: BLE001 - the client gets a 500, the log the traceback
-            logger.exception("Error in request: %s", e)
-            return create_error_response(f"Internal server error: {e}", err_type="InternalServerError", status_code=500)
+        except Exception as e:  # noqa: BLE001 - mapped to a status, never a crashed route
+            return error_from_exception(e)
 
         if request.stream:
             if first is not None and (first.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import heapq
-import logging
 import math
 import struct
 from typing import Any, List, Optional
@@ -36,12 +35,10 @@ from sglang.srt.entrypoints.openai.protocol_pooling import (
     ScoringResponse,
     V1RerankReqInput,
 )
-from sglang.srt.entrypoints.openai.serving_base import ServingContext, create_error_response
+from sglang.srt.entrypoints.openai.serving_base import ServingContext, create_error_response, error_from_exception
 from sglang.srt.managers.io_struct import EmbeddingReqInput
-from sglang.srt.managers.scoring import score_request
-from sglang.srt.managers.tokenizer_manager import EngineDeadError
+from sglang.srt.managers.scoring import run_to_completion, score_request
 
-logger = logging.getLogger(__name__)
 
 
 async def _run(ctx: ServingContext, coro_fn):
@@ -52,31 +49,12 @@ async def _run(ctx: ServingContext, coro_fn):
         return create_error_response(dead, err_type="ServiceUnavailable", status_code=503)
     try:
         return await coro_fn()
-    except ValueError as e:
-        return create_error_response(str(e))
-    except EngineDeadError as e:
-        return create_error_response(str(e), err_type="ServiceUnavailable", status_code=503)
-    except Exception as e:  # noqa: BLE001 - the client gets a 500, the log the traceback
-        logger.exception("Error in request: %s", e)
-        return create_error_response(f"Internal server error: {e}", err_type="InternalServerError", status_code=500)
+    except Exception as e:  # noqa: BLE001 - mapped to a status, never a crashed route
+        return error_from_exception(e)
 
 
 def _json_response(model) -> Response:
     return Response(content=model.model_dump_json(), media_type="application/json")
-
-
-async def _encode(ctx: ServingContext, obj: EmbeddingReqInput, raw_request) -> List[dict]:
-    """Runs an embedding batch; an aborted entry raises (400 -> ValueError, else RuntimeError)."""
-    outputs = None
-    async for outputs in ctx.tokenizer_manager.generate_request(obj, raw_request):
-        break
-    outputs = outputs if isinstance(outputs, list) else [outputs]
-    for out in outputs:
-        reason = (out or {}).get("meta_info", {}).get("finish_reason") or {}
-        if reason.get("type") == "abort":
-            message = str(reason.get("message") or "The request was aborted.")
-            raise ValueError(message) if reason.get("status_code") == 400 else RuntimeError(message)
-    return outputs
 
 
 # ----------------------------------------------------------------------------- embeddings
@@ -160,7 +138,7 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
             obj = EmbeddingReqInput(text=value, rid=request.rid, priority=request.priority)
         else:
             obj = EmbeddingReqInput(input_ids=value, rid=request.rid, priority=request.priority)
-        outputs = await _encode(ctx, obj, raw_request)
+        outputs = await run_to_completion(ctx.tokenizer_manager, obj, raw_request)
         normalize = bool(info.get("embedding_normalize", True))
         data = [EmbeddingObject(embedding=shape_embedding(o["embedding"], request.dimensions, normalize,
                                                           request.encoding_format), index=i)
@@ -214,7 +192,7 @@ async def rerank(ctx: ServingContext, request: V1RerankReqInput, raw_request):
             raise ValueError("/v1/rerank tokenizes (query, document) pairs: the server needs its tokenizer "
                              "(no --skip-tokenizer-init).")
         pairs = [tm.tokenizer(request.query, doc)["input_ids"] for doc in request.documents]
-        outputs = await _encode(ctx, EmbeddingReqInput(input_ids=pairs), raw_request)
+        outputs = await run_to_completion(ctx.tokenizer_manager, EmbeddingReqInput(input_ids=pairs), raw_request)
         scores = []
         for i, out in enumerate(outputs):
             vec = out.get("embedding") or []
@@ -252,7 +230,7 @@ async def encode(ctx: ServingContext, obj: EmbeddingReqInput, raw_request):
     import orjson
 
     async def body():
-        outputs = await _encode(ctx, obj, raw_request)
+        outputs = await run_to_completion(ctx.tokenizer_manager, obj, raw_request)
         single = obj.is_single
         return Response(content=orjson.dumps(outputs[0] if single else outputs), media_type="application/json")
 
