@@ -10,7 +10,17 @@ def main(argv=None) -> None:
     from sglang.srt.server_args import prepare_server_args
 
     server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
-    launch_server(server_args)
+    code = 0
+    try:
+        launch_server(server_args)
+    except SystemExit as e:  # the server's own exit code (a failed child: 1)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    if argv is None:  # the command itself: leave without the interpreter's ~1 s module teardown
+        from sglang.srt.utils.process import exit_after_cleanup
+
+        exit_after_cleanup(code)
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from sglang.test.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.server
 
-NUM_CASES = 250
+NUM_CASES = 200
 PROMPT = [11, 22, 33, 44, 55, 66, 77]
 
 

@@ -52,7 +52,8 @@ def server(tmp_path_factory):
     log = str(tmp_path_factory.mktemp("log") / "server.log")
     proc = popen_launch_server("default", port, ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3",
                                                  "--enable-custom-logit-processor",
-                                                 "--constrained-json-max-whitespace-cnt", "2"], log_path=log)
+                                                 "--constrained-json-max-whitespace-cnt", "2"], log_path=log,
+                               env={"OMP_NUM_THREADS": "2"})  # the only server of the module: both cores decode
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
     yield {"url": url, "client": client}

@@ -136,8 +136,10 @@ def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_pare
             else:
                 send.send_pyobj(msg)  # control replies pass through
     except SystemExit:  # SIGTERM from the parent: a normal shutdown
+        from sglang.srt.utils.process import exit_after_cleanup
+
         ctx.destroy(linger=0)
-        raise
+        exit_after_cleanup(0)
     except BaseException:  # noqa: BLE001 - fatal: as upstream, say so and take the server down
         import traceback
 

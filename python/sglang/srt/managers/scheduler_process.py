@@ -148,8 +148,10 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
     try:
         loop.run_forever()
     except SystemExit:  # SIGTERM from the parent: a normal shutdown
+        from sglang.srt.utils.process import exit_after_cleanup
+
         loop.ctx.destroy(linger=0)
-        raise
+        exit_after_cleanup(0)
     except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         notify_parent_and_exit(1, notify_parent)
