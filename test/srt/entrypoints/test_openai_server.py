@@ -538,8 +538,9 @@ def test_score_errors_are_upstreams_400s(server, body, message):
 def test_embedding_routes_on_a_generation_server_say_how_to_enable_them(server):
     expected = ("This model does not appear to be an embedding model by default. Please add `--is-embedding` "
                 "when launching the server or try another model.")
-    with pytest.raises(openai.BadRequestError) as e:
-        server["client"].embeddings.create(model="tiny-test", input="hello")
-    assert e.value.body["message"] == expected
+    for extra in ({}, {"dimensions": 16}):
+        with pytest.raises(openai.BadRequestError) as e:
+            server["client"].embeddings.create(model="tiny-test", input="hello", **extra)
+        assert e.value.body["message"] == expected
     r = requests.post(server["url"] + "/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=30)
     assert r.status_code == 400 and r.json()["message"] == expected

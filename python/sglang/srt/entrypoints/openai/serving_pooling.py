@@ -36,7 +36,7 @@ from sglang.srt.entrypoints.openai.protocol_pooling import (
     V1RerankReqInput,
 )
 from sglang.srt.entrypoints.openai.serving_base import ServingContext, create_error_response, error_from_exception
-from sglang.srt.managers.io_struct import EmbeddingReqInput
+from sglang.srt.managers.io_struct import NOT_EMBEDDING_MODEL, EmbeddingReqInput
 from sglang.srt.managers.scoring import run_to_completion, score_request
 
 
@@ -132,6 +132,8 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
 
     async def body():
         info = ctx.scheduler_info
+        if not ctx.server_args.is_embedding:
+            raise ValueError(NOT_EMBEDDING_MODEL)  # before any embedding-specific check
         check_dimensions(request.dimensions, info)
         value = request.input
         if isinstance(value, str) or all(isinstance(v, str) for v in value):
