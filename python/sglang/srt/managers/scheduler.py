@@ -25,7 +25,7 @@ from typing import List, Optional
 
 import torch
 
-from sglang.srt.managers.io_struct import BatchTokenIDOutput, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import BatchTokenIDOutput
 from sglang.srt.core.finish_reason import FINISH_ABORT
 from sglang.srt.core.req import Req
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -297,10 +297,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             self.running_reqs = [r for r in self.running_reqs if not r.finished()]
             self._after_decode(list(decoding))
             to_emit += list(decoding)
-        if self.chunked_req is not None:
-            self.chunked_req.is_chunked += 1
-            self.memory.cache_unfinished(self.chunked_req, chunked=True)
-            self.role.after_chunk(self.chunked_req)
+        self._keep_chunk()
         self.emit(to_emit)
 
     def _pool_extend(self, batch: ScheduleBatch, forward_batch, logits_output) -> None:
@@ -325,10 +322,15 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             req.finished_reason = FINISH_LENGTH(length=0)
             self.memory.release(req, insert=True)
             done.append(req)
+        self._keep_chunk()
+        self.emit(done)
+
+    def _keep_chunk(self) -> None:
+        """The request whose prompt is still being chunked keeps its KV (into the tree) for the next chunk."""
         if self.chunked_req is not None:
             self.chunked_req.is_chunked += 1
             self.memory.cache_unfinished(self.chunked_req, chunked=True)
-        self.emit(done)
+            self.role.after_chunk(self.chunked_req)
 
     def _accept_token(self, req: Req, token: int, samp, j: int) -> None:
         """Appends a sampled token. `max_new_tokens == 0`: the prompt only, no token is kept, but

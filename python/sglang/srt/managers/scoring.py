@@ -106,9 +106,11 @@ async def run_to_completion(tokenizer_manager, obj: GenerateReqInput, request=No
     async for outputs in tokenizer_manager.generate_request(obj, request):
         break
     outputs = outputs if isinstance(outputs, list) else [outputs]
+    from sglang.srt.managers.tokenizer_manager import abort_reason
+
     for out in outputs:
-        reason = (out or {}).get("meta_info", {}).get("finish_reason") or {}
-        if reason.get("type") == "abort":
+        reason = abort_reason(out)
+        if reason is not None:
             message = str(reason.get("message") or "The request was aborted.")
             raise ValueError(message) if reason.get("status_code") == 400 else RuntimeError(message)
     return outputs

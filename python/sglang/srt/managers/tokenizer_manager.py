@@ -384,6 +384,12 @@ class TokenizerManager:
         return out.internal_state
 
 
+def abort_reason(output: Optional[dict]) -> Optional[dict]:
+    """The finish reason of an output that was aborted (`{"type": "abort", "message", "status_code"}`), else None."""
+    reason = (output or {}).get("meta_info", {}).get("finish_reason")
+    return reason if isinstance(reason, dict) and reason.get("type") == "abort" else None
+
+
 def _at(values: list, i: int):
     return values[i] if i < len(values) else None
 

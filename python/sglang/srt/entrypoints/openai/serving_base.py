@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from fastapi.responses import JSONResponse
 
-from sglang.srt.managers.tokenizer_manager import EngineDeadError
+from sglang.srt.managers.tokenizer_manager import EngineDeadError, abort_reason
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionTokenLogprob,
     ChoiceLogprobs,
@@ -114,8 +114,8 @@ def abort_error(outputs: Iterable[dict]) -> Optional[RequestAborted]:
     """The error a non-streaming response must become, if one of `outputs` was aborted with
     a 400 or a 5xx status; None otherwise (a user abort stays a normal response)."""
     for out in outputs:
-        reason = (out or {}).get("meta_info", {}).get("finish_reason")
-        if not isinstance(reason, dict) or reason.get("type") != "abort":
+        reason = abort_reason(out)
+        if reason is None:
             continue
         status = reason.get("status_code")
         if status == HTTPStatus.BAD_REQUEST or (isinstance(status, int) and status >= 500):
@@ -364,10 +364,9 @@ class OpenAIServingBase:
             return error_from_exception(e)
 
         if request.stream:
-            if first is not None and (first.get("meta_info", {}).get("finish_reason") or {}).get("type") == "abort":
-                aborted = abort_error([first])
-                if aborted is not None:
-                    return error_from_abort(aborted)
+            aborted = abort_error([first])
+            if aborted is not None:
+                return error_from_abort(aborted)
             return StreamingResponse(self._sse(request, first, agen), media_type="text/event-stream")
 
         outputs = first if isinstance(first, list) else [first]

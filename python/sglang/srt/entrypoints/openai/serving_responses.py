@@ -38,7 +38,7 @@ from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, _Lenie
 from sglang.srt.entrypoints.openai.responses_via_router import RouterError, chat_through_router
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.web_ui import WEB_API_BASE_ENV
-from sglang.srt.managers.tokenizer_manager import EngineDeadError
+from sglang.srt.managers.tokenizer_manager import EngineDeadError, abort_reason
 
 MAX_STORED_RESPONSES = 10000
 
@@ -291,8 +291,8 @@ class OpenAIServingResponses:
             item = self._message_item(item_id, text, "completed")
             yield event("response.output_item.done", output_index=0, item=item)
             output = [item]
-        reason = (meta.get("finish_reason") or {}) if meta else {}
-        if reason.get("type") == "abort":
+        reason = abort_reason({"meta_info": meta})
+        if reason is not None:
             failed = self._response(request, "failed", output, _usage(meta), created_at)
             failed["error"] = {"code": "server_error", "message": str(reason.get("message") or "aborted")}
             yield event("response.failed", response=failed)
