@@ -4,7 +4,8 @@
 
 Linear: sgl_kernel.linear (bf16/fp32 weights read as stored) vs oneDNN on the packed weight (what
 layers/linear.py uses otherwise; an fp32 copy for bf16 on CPUs without native bf16 GEMMs) and
-F.linear, for 1-16 rows. The crossover row counts are what layers/cpu_ops.py's
+F.linear, for 1-16 rows (per shape, so the weights sit in the cache), then one decode step's
+linears over 30 layers' distinct weights (from DRAM, as in a real step). The crossover row counts are what layers/cpu_ops.py's
 `linear_max_rows` should say. "GB/s" counts the weight bytes read once.
 Decode attention: sgl_kernel.decode_attention in place over the pool vs the torch backend's
 gather + SDPA, at batch 1 and 16 over 512 and 2048 tokens. Also RMSNorm(+residual), SiLU*up, RoPE.
@@ -82,6 +83,42 @@ def linear_table(dtypes, rows):
           {str(k).split('.')[1]: v for k, v in crossover.items()})
 
 
+def decode_sweep_table(dtypes, layers=30):
+    """One batch-1 decode step's linears as the model runs them: `layers` layers' distinct weights
+    and the LM head in order (269 MB in bf16), so that the weights come from DRAM as in a real
+    step, not from the cache as in the per-shape table above. A plain copy of the layers' weights
+    is the bandwidth reference."""
+    print(f"\n## One decode step's linears, {layers} layers + lm_head, 1 row, weights cold (ms; GB/s)\n")
+    print("| weights | MB | sgl_kernel ms | sgl_kernel GB/s | oneDNN packed ms | copy GB/s (r+w) |")
+    print("|---|---|---|---|---|---|")
+    for dtype in list(dtypes) + ["int8"]:
+        int8 = dtype == "int8"
+        act = torch.bfloat16 if int8 else dtype
+
+        def make(n, k):
+            if int8:
+                return torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) / 100
+            return torch.randn(n, k).to(dtype), None
+
+        shapes = [s for name, s in LINEARS.items() if name != "lm_head"]
+        ws = [make(*s) for _ in range(layers) for s in shapes] + [make(*LINEARS["lm_head"])]
+        xs = {k: torch.randn(1, k).to(act) for k in {s[1] for s in LINEARS.values()}}
+        nbytes = sum(w.numel() * w.element_size() for w, _ in ws)
+        t_k = bench(lambda: [ops.linear(xs[w.shape[1]], w, sc, None) for w, sc in ws], min_time=0.5)
+        t_o = "-"
+        if not int8:
+            pws = [packed(w) for w, _ in ws]
+            t_o = f"{1e3 * bench(lambda: [onednn(xs[w.shape[1]], p[0].dtype, p[1]) for (w, _), p in zip(ws, pws)]):.1f}"
+            del pws
+        flat = torch.cat([w.reshape(-1) for w, _ in ws[:-1]])
+        dst = torch.empty_like(flat)
+        t_c = bench(lambda: dst.copy_(flat))
+        name = "int8 (bf16 activations)" if int8 else str(dtype).split(".")[1]
+        print(f"| {name} | {nbytes / 1e6:.0f} | {t_k * 1e3:.1f} | {nbytes / t_k / 1e9:.1f} | {t_o} | "
+              f"{2 * flat.numel() * flat.element_size() / t_c / 1e9:.1f} |", flush=True)
+        del ws, flat, dst
+
+
 def attention_table(dtypes):
     print("\n## Decode attention (9 q heads / 3 kv heads of 64; per layer call, us)\n")
     print("| dtype | batch | context | sgl_kernel us | torch gather+SDPA us | speed-up |")
@@ -140,7 +177,7 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--isa", default=None, help="generic|avx2|avx512 (default: the best this CPU runs)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--only", choices=["linear", "attention", "small"], default=None)
+    p.add_argument("--only", choices=["linear", "sweep", "attention", "small"], default=None)
     args = p.parse_args()
     if not sgl_kernel.load():
         sys.exit(f"sgl-kernel is not available: {sgl_kernel.unavailable_reason()}")
@@ -154,6 +191,8 @@ def main():
     dtypes = [torch.float32, torch.bfloat16]
     if args.only in (None, "linear"):
         linear_table(dtypes, args.rows)
+    if args.only in (None, "sweep"):
+        decode_sweep_table(dtypes)
     if args.only in (None, "attention"):
         attention_table(dtypes)
     if args.only in (None, "small"):
