@@ -11,20 +11,10 @@
 #include <cstring>
 #include <string>
 
-#include "kernels.h"
+#include "ops_common.h"
 
 namespace sglk {
 namespace {
-
-struct Kernels {
-    const char* name;
-    decltype(&generic::linear) linear;
-    decltype(&generic::rmsnorm) rmsnorm;
-    decltype(&generic::silu_and_mul) silu_and_mul;
-    decltype(&generic::rope) rope;
-    decltype(&generic::decode_attention_split) decode_split;
-    decltype(&generic::decode_attention_combine) decode_combine;
-};
 
 #define SGLK_TABLE(ns) \
     Kernels { #ns, &ns::linear, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
@@ -60,6 +50,8 @@ std::string initial_isa() {
     return cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
 }
 
+}  // namespace
+
 Kernels& kernels() {
     static Kernels k = table(initial_isa());
     return k;
@@ -75,6 +67,13 @@ void check_cpu(const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.device().is_cpu(), "sgl_kernel: ", what, " must be a CPU tensor");
 }
 
+WType wtype_of(const at::Tensor& w, const char* what) {
+    if (w.scalar_type() == at::kFloat) return WType::F32;
+    if (w.scalar_type() == at::kBFloat16) return WType::BF16;
+    if (w.scalar_type() == at::kChar) return WType::I8;
+    TORCH_CHECK(false, "sgl_kernel: ", what, " must be float32, bfloat16 or int8, got ", w.scalar_type());
+}
+
 // Rows of a tensor viewed as [rows, last]: the last dim must be dense, the others collapse.
 at::Tensor as_rows(const at::Tensor& t, const char* what) {
     check_cpu(t, what);
@@ -83,7 +82,48 @@ at::Tensor as_rows(const at::Tensor& t, const char* what) {
     return t.reshape({-1, t.size(-1)});
 }
 
-}  // namespace
+// ---- thread splits ------------------------------------------------------------------------------
+void run_linear(const LinearArgs& a, int64_t N) {
+    const auto& kt = kernels();
+    // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
+    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
+        kt.linear(a, b0 * 4, std::min(N, b1 * 4));
+    });
+}
+
+void run_rmsnorm(const NormArgs& a, int64_t rows) {
+    const auto& kt = kernels();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(a.H, 1)),
+                     [&](int64_t r0, int64_t r1) { kt.rmsnorm(a, r0, r1); });
+}
+
+void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows) {
+    const auto& kt = kernels();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
+                     [&](int64_t r0, int64_t r1) { kt.silu_and_mul(x, out, d, ldx, dt, r0, r1); });
+}
+
+void run_rope(const RopeArgs& a, int64_t T) {
+    const auto& kt = kernels();
+    at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { kt.rope(a, t0, t1); });
+}
+
+void run_decode_attention(DecodeAttnArgs a, int64_t longest) {
+    // Split long contexts so that every thread has work even at batch 1 (split-K).
+    const int64_t threads = at::get_num_threads();
+    const int64_t items = a.B * a.hk;
+    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>((4 * threads + items - 1) / items, (longest + 255) / 256));
+    int64_t split_len = (longest + n_split - 1) / n_split;
+    split_len = (split_len + 31) / 32 * 32;
+    n_split = (longest + split_len - 1) / split_len;
+    at::Tensor partial = at::empty({a.B * a.hq * n_split * (a.dv + 2)}, at::TensorOptions().dtype(at::kFloat));
+    a.partial = partial.data_ptr<float>();
+    a.n_split = n_split;
+    a.split_len = split_len;
+    const auto& kt = kernels();
+    at::parallel_for(0, items * n_split, 1, [&](int64_t t0, int64_t t1) { kt.decode_split(a, t0, t1); });
+    at::parallel_for(0, a.B * a.hq, 16, [&](int64_t r0, int64_t r1) { kt.decode_combine(a, r0, r1); });
+}
 
 // x @ w.T (* w_scale[:, None] for int8 w) + bias, in x's dtype, fp32 accumulation.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
@@ -94,11 +134,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
     const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
     TORCH_CHECK(w.size(1) == K, "sgl_kernel.linear: x has ", K, " features, w ", w.size(1));
     const DType yt = dtype_of(x, "x");
-    WType wt;
-    if (w.scalar_type() == at::kFloat) wt = WType::F32;
-    else if (w.scalar_type() == at::kBFloat16) wt = WType::BF16;
-    else if (w.scalar_type() == at::kChar) wt = WType::I8;
-    else TORCH_CHECK(false, "sgl_kernel.linear: w must be float32, bfloat16 or int8");
+    const WType wt = wtype_of(w, "sgl_kernel.linear: w");
     at::Tensor scale;
     if (wt == WType::I8) {
         TORCH_CHECK(w_scale.has_value(), "sgl_kernel.linear: int8 weights need w_scale");
@@ -118,11 +154,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
     LinearArgs a{xf.data_ptr<float>(), M, K, K, w.data_ptr(), w.stride(0), wt,
                  scale.defined() ? scale.data_ptr<float>() : nullptr,
                  b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr(), N, yt};
-    const auto& kt = kernels();
-    // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
-    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
-        kt.linear(a, b0 * 4, std::min(N, b1 * 4));
-    });
+    run_linear(a, N);
     return y;
 }
 
@@ -146,9 +178,7 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(const at::Tensor& x, const at::Tens
     NormArgs a{x2.data_ptr(), residual ? r2.data_ptr() : nullptr, weight.data_ptr(), out.data_ptr(),
                residual ? res_out.data_ptr() : nullptr, H, x2.stride(0), residual ? r2.stride(0) : 0,
                static_cast<float>(eps), dt};
-    const auto& kt = kernels();
-    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)),
-                     [&](int64_t r0, int64_t r1) { kt.rmsnorm(a, r0, r1); });
+    run_rmsnorm(a, rows);
     return {out, res_out};
 }
 }  // namespace
@@ -173,10 +203,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = d;
     at::Tensor out = at::empty(shape, x.options());
-    const auto& kt = kernels();
-    at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
-        kt.silu_and_mul(x2.data_ptr(), out.data_ptr(), d, x2.stride(0), dt, r0, r1);
-    });
+    run_silu_and_mul(x2.data_ptr(), out.data_ptr(), d, x2.stride(0), dt, rows);
     return out;
 }
 
@@ -210,8 +237,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
                     " outside the table of ", max_pos);
     RopeArgs a{q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), q.size(1) / head_size, k.size(1) / head_size, head_size, rd,
                q.stride(0), k.stride(0), pos, cos.data_ptr<float>(), sin.data_ptr<float>(), dt};
-    const auto& kt = kernels();
-    at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { kt.rope(a, t0, t1); });
+    run_rope(a, T);
     return {q_out, k_out};
 }
 
@@ -255,24 +281,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     }
     at::Tensor out = at::empty({B, hq * dv}, q.options());
     if (B == 0) return out;
-    // Split long contexts so that every thread has work even at batch 1 (split-K).
-    const int64_t threads = at::get_num_threads();
-    const int64_t items = B * hk;
-    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>((4 * threads + items - 1) / items, (longest + 255) / 256));
-    int64_t split_len = (longest + n_split - 1) / n_split;
-    split_len = (split_len + 31) / 32 * 32;
-    n_split = (longest + split_len - 1) / split_len;
-    at::Tensor partial = at::empty({B * hq * n_split * (dv + 2)}, q.options().dtype(at::kFloat));
-    DecodeAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                     partial.data_ptr<float>(),
+    DecodeAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), nullptr,
                      req_to_token.scalar_type() == at::kLong ? req_to_token.data_ptr<int64_t>() : nullptr,
                      req_to_token.scalar_type() == at::kInt ? req_to_token.data_ptr<int32_t>() : nullptr,
                      req_to_token.stride(0), rp, lp, smap.defined() ? smap.data_ptr<int64_t>() : nullptr,
-                     B, hq, hk, d, dv, q.stride(0), n_split, split_len, window,
+                     B, hq, hk, d, dv, q.stride(0), 0, 0, window,
                      static_cast<float>(scale), static_cast<float>(logit_cap), dt};
-    const auto& kt = kernels();
-    at::parallel_for(0, items * n_split, 1, [&](int64_t t0, int64_t t1) { kt.decode_split(a, t0, t1); });
-    at::parallel_for(0, B * hq, 16, [&](int64_t r0, int64_t r1) { kt.decode_combine(a, r0, r1); });
+    run_decode_attention(a, longest);
     return out;
 }
 

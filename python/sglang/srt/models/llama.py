@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import num_labels_of
+from sglang.srt.layers import fused_decode
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
@@ -98,6 +99,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, positions, hidden_states, forward_batch, residual: Optional[torch.Tensor]):
+        fused = fused_decode.decode_layer(self, positions, hidden_states, forward_batch, residual)
+        if fused is not None:  # CPU decode: the whole layer in one sgl-kernel call
+            return fused
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)

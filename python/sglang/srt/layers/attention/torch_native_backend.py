@@ -31,7 +31,7 @@ from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
-def _is_swa_pool_layer(pool, layer_id: int) -> bool:
+def is_swa_pool_layer(pool, layer_id: int) -> bool:
     is_swa = getattr(pool, "is_swa_layer", None)
     return bool(is_swa is not None and is_swa(layer_id))
 
@@ -80,7 +80,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
-        translate = _is_swa_pool_layer(pool, layer.layer_id)
+        translate = is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         T = q.shape[0]
         qh = q.view(T, hq, layer.qk_head_dim)
@@ -122,7 +122,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
-        translate = _is_swa_pool_layer(pool, layer.layer_id)
+        translate = is_swa_pool_layer(pool, layer.layer_id)
         if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1:
             # in place over the pool: no gather of K/V, no padding mask
             fb = forward_batch

@@ -1,0 +1,91 @@
+"""The CPU decode fast path: one `sgl_kernel.decode_layer` call per Llama-family decoder layer
+(sgl-kernel/csrc/cpu/decode_layer.cpp) instead of the ~25 op calls of its modules.
+
+The op runs the kernels the modules would call, with the same thread splits, so its result is
+bit-identical to the per-op path (test/srt/layers/test_fused_decode.py); what it saves is the
+Python and dispatch work between them, about a third of a batch-1 step on the default model.
+
+`decode_layer(layer, positions, hidden, forward_batch, residual)` returns `(hidden, residual)`,
+or None when the layer or the batch is outside what the op covers, and the layer then runs its
+modules. Covered: a decode batch on CPU with sgl-kernel loaded, the torch-native attention
+backend over a plain KV pool in the activations' dtype (not a hybrid SWA pool), and rows within
+the small-M linear's range (`cpu_ops.linear_max_rows`) for every linear of the layer, with
+weights in the activations' dtype or int8 (`--quantization w8a16_int8`).
+`SGLANG_CPU_FUSED_DECODE=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from sglang.srt.layers import cpu_ops
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, is_swa_pool_layer
+
+
+def enabled() -> bool:
+    return os.environ.get("SGLANG_CPU_FUSED_DECODE", "1") != "0"
+
+
+def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
+    """(weight, scale, bias) as layers/linear.py's `linear` would multiply `rows` rows with the
+    small-M kernel, or None when it would take another path (oneDNN, F.linear)."""
+    if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
+        return linear.int8_weight[0], linear.int8_weight[1], linear.bias
+    if linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
+        return linear.weight, None, linear.bias
+    return None
+
+
+def _layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
+    """The op's per-layer arguments for batches of `rows`, built once per (rows, dtype)."""
+    cache = layer.__dict__.setdefault("_fused_decode_args", {})
+    key = (rows, dtype)
+    if key not in cache:
+        cache[key] = _build_layer_args(layer, rows, dtype)
+    return cache[key]
+
+
+def _build_layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = [_linear_args(m, rows, dtype) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if attn.qk_norm:
+        norms += [attn.q_norm, attn.k_norm]
+    radix = attn.attn
+    if (any(a is None for a in linears) or any(n.weight.dtype != dtype for n in norms)
+            or len({n.variance_epsilon for n in norms}) != 1 or radix.v_head_dim != radix.qk_head_dim
+            or attn.rotary_emb.head_size != attn.head_dim):
+        return None
+    qkv, o, gate_up, down = linears
+    head = (norms[0].weight, norms[1].weight, norms[0].variance_epsilon, *qkv, *o, *gate_up, *down,
+            attn.q_norm.weight if attn.qk_norm else None, attn.k_norm.weight if attn.qk_norm else None,
+            attn.num_heads, attn.num_kv_heads, attn.head_dim)
+    tail = (radix.scaling, radix.sliding_window_size, float(radix.logit_cap or 0.0))
+    return head, tail
+
+
+def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_batch,
+                 residual: Optional[torch.Tensor]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    fb = forward_batch
+    if (not fb.forward_mode.is_decode() or not cpu_ops.enabled(hidden) or not enabled()
+            or type(fb.attn_backend) is not TorchNativeAttnBackend or positions.dtype != torch.int64):
+        return None
+    args = _layer_args(layer, hidden.shape[0], hidden.dtype)
+    if args is None:
+        return None
+    pool = fb.token_to_kv_pool
+    layer_id = layer.self_attn.attn.layer_id
+    if is_swa_pool_layer(pool, layer_id):
+        return None
+    k_buf, v_buf = pool.get_kv_buffer(layer_id)
+    if k_buf.dtype != hidden.dtype:
+        return None
+    rope = layer.self_attn.rotary_emb
+    rope._check_positions(positions)
+    head, tail = args
+    return torch.ops.sgl_kernel.decode_layer(
+        hidden, residual, *head, positions, rope.cos_cached, rope.sin_cached, k_buf, v_buf, fb.out_cache_loc,
+        fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *tail)

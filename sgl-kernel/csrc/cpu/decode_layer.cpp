@@ -1,0 +1,239 @@
+// torch.ops.sgl_kernel.decode_layer: one Llama-family decoder layer (Llama, Qwen2's qkv bias,
+// Qwen3's per-head q/k norms) for a decode batch, in one call. It runs the same kernels, with the
+// same thread splits, as the per-op path of the model code
+//
+//     h, r = add_rmsnorm(hidden, residual, input_norm)   (rmsnorm(hidden), r = hidden: first layer)
+//     q, k, v = split(linear(h, qkv)); q, k = q_norm(q), k_norm(k)  (Qwen3)
+//     q, k = rotary_embedding(positions, q, k); k_cache[loc], v_cache[loc] = k, v
+//     o = linear(decode_attention(q, k_cache, v_cache, ...), o_proj)
+//     h, r = add_rmsnorm(o, r, post_norm)
+//     return linear(silu_and_mul(linear(h, gate_up)), down), r
+//
+// so its result is bit-identical to that path (test/srt/layers/test_fused_decode.py), without
+// ~25 Python-level calls, their temporaries and dtype round trips per layer: at batch 1 those
+// cost about as much as the attention and MLP kernels together. The RoPE'd k goes straight to
+// its cache slot (fused RoPE + KV write).
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "ops_common.h"
+
+namespace sglk {
+namespace {
+
+struct Linear {  // a linear layer's weight [N, K] (fp32, bf16 or int8 + per-row scales) and bias
+    const at::Tensor* w;
+    at::Tensor scale, bias;  // fp32 or undefined
+};
+
+Linear linear_of(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
+                 const c10::optional<at::Tensor>& bias, int64_t K, const char* what) {
+    check_cpu(w, what);
+    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, "sgl_kernel.decode_layer: ", what,
+                " must be [N, ", K, "] with dense rows");
+    Linear l{&w, {}, {}};
+    if (wtype_of(w, what) == WType::I8) {
+        TORCH_CHECK(scale.has_value() && scale->defined(), "sgl_kernel.decode_layer: int8 ", what, " needs scales");
+        l.scale = scale->to(at::kFloat).contiguous();
+        TORCH_CHECK(l.scale.numel() == w.size(0), "sgl_kernel.decode_layer: ", what, " scales: one per row");
+    }
+    if (bias.has_value() && bias->defined()) {
+        l.bias = bias->to(at::kFloat).contiguous();
+        TORCH_CHECK(l.bias.numel() == w.size(0), "sgl_kernel.decode_layer: ", what, " bias: one per row");
+    }
+    return l;
+}
+
+// x [M, K] of dtype dt (dense) -> fp32 scratch (exact), then y [M, N] (dense, dtype dt) = x @ w.T.
+void linear_into(const Linear& l, const void* x, int64_t M, int64_t K, DType dt, float* x32, void* y) {
+    if (dt == DType::F32) {
+        std::memcpy(x32, x, M * K * sizeof(float));
+    } else {
+        const uint16_t* src = static_cast<const uint16_t*>(x);
+        for (int64_t i = 0; i < M * K; ++i) {
+            const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+            std::memcpy(x32 + i, &u, 4);
+        }
+    }
+    const at::Tensor& w = *l.w;
+    const int64_t N = w.size(0);
+    LinearArgs a{x32, M, K, K, w.data_ptr(), w.stride(0), wtype_of(w, "w"),
+                 l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
+                 l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, dt};
+    run_linear(a, N);
+}
+
+void check_norm_weight(const at::Tensor& w, int64_t H, const at::Tensor& x, const char* what) {
+    TORCH_CHECK(w.scalar_type() == x.scalar_type() && w.is_contiguous() && w.numel() == H,
+                "sgl_kernel.decode_layer: ", what, " must be a dense [", H, "] tensor of hidden's dtype");
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& input_norm,
+    const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_scale,
+    const c10::optional<at::Tensor>& qkv_bias, const at::Tensor& o_w, const c10::optional<at::Tensor>& o_scale,
+    const c10::optional<at::Tensor>& o_bias, const at::Tensor& gate_up_w,
+    const c10::optional<at::Tensor>& gate_up_scale, const c10::optional<at::Tensor>& gate_up_bias,
+    const at::Tensor& down_w, const c10::optional<at::Tensor>& down_scale,
+    const c10::optional<at::Tensor>& down_bias, const c10::optional<at::Tensor>& q_norm,
+    const c10::optional<at::Tensor>& k_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+    const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, double scale, int64_t window,
+    double logit_cap) {
+    check_cpu(hidden, "hidden");
+    const DType dt = dtype_of(hidden, "hidden");
+    TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "sgl_kernel.decode_layer: hidden must be a dense [B, H]");
+    const int64_t B = hidden.size(0), H = hidden.size(1);
+    const int64_t hq = num_heads, hk = num_kv_heads, d = head_dim;
+    TORCH_CHECK(hq > 0 && hk > 0 && d > 0 && hq % hk == 0 && hq / hk <= 64 && (hq / hk) * d <= 8192 && d <= 512,
+                "sgl_kernel.decode_layer: bad head counts");
+    const int64_t qkv_n = (hq + 2 * hk) * d;
+    if (residual.has_value() && residual->defined())
+        TORCH_CHECK(residual->scalar_type() == hidden.scalar_type() && residual->is_contiguous() &&
+                        residual->sizes() == hidden.sizes(),
+                    "sgl_kernel.decode_layer: residual must match hidden");
+    check_norm_weight(input_norm, H, hidden, "input_norm");
+    check_norm_weight(post_norm, H, hidden, "post_norm");
+    const bool qk_norm = q_norm.has_value() && q_norm->defined();
+    TORCH_CHECK(qk_norm == (k_norm.has_value() && k_norm->defined()), "sgl_kernel.decode_layer: q_norm and k_norm go together");
+    if (qk_norm) {
+        check_norm_weight(*q_norm, d, hidden, "q_norm");
+        check_norm_weight(*k_norm, d, hidden, "k_norm");
+    }
+    const Linear qkv = linear_of(qkv_w, qkv_scale, qkv_bias, H, "qkv");
+    TORCH_CHECK(qkv_w.size(0) == qkv_n, "sgl_kernel.decode_layer: qkv has ", qkv_w.size(0), " rows, heads say ", qkv_n);
+    const Linear o = linear_of(o_w, o_scale, o_bias, hq * d, "o_proj");
+    TORCH_CHECK(o_w.size(0) == H, "sgl_kernel.decode_layer: o_proj must give ", H, " features");
+    TORCH_CHECK(gate_up_w.dim() == 2 && gate_up_w.size(0) % 2 == 0, "sgl_kernel.decode_layer: gate_up must be [2I, H]");
+    const int64_t I = gate_up_w.size(0) / 2;
+    const Linear gate_up = linear_of(gate_up_w, gate_up_scale, gate_up_bias, H, "gate_up");
+    const Linear down = linear_of(down_w, down_scale, down_bias, I, "down");
+    TORCH_CHECK(down_w.size(0) == H, "sgl_kernel.decode_layer: down must give ", H, " features");
+
+    // KV pool and batch metadata (as sgl_kernel.decode_attention checks them)
+    TORCH_CHECK(k_cache.scalar_type() == hidden.scalar_type() && v_cache.scalar_type() == hidden.scalar_type() &&
+                    k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                    k_cache.size(1) == hk && k_cache.size(2) == d && v_cache.size(1) == hk &&
+                    v_cache.size(2) == d && v_cache.size(0) == k_cache.size(0),
+                "sgl_kernel.decode_layer: caches must be dense [slots, kv_heads, head_dim] of hidden's dtype");
+    const int64_t S = k_cache.size(0);
+    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
+                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
+                "sgl_kernel.decode_layer: req_to_token must be int32/int64 [R, L]");
+    at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
+    at::Tensor lens = seq_lens.to(at::kLong).contiguous();
+    at::Tensor loc = out_cache_loc.to(at::kLong).contiguous();
+    at::Tensor pos = positions.to(at::kLong).contiguous();
+    TORCH_CHECK(rows.numel() == B && lens.numel() == B && loc.numel() == B && pos.numel() == B,
+                "sgl_kernel.decode_layer: one row, length, cache slot and position per request");
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) % 2 == 0 &&
+                    cos.size(1) <= d,
+                "sgl_kernel.decode_layer: cos/sin must be dense fp32 [max_pos, rotary_dim <= head_dim]");
+    const int64_t* rp = rows.data_ptr<int64_t>();
+    const int64_t* lp = lens.data_ptr<int64_t>();
+    const int64_t* cp = loc.data_ptr<int64_t>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        TORCH_CHECK(lp[b] >= 1 && lp[b] <= req_to_token.size(1) && rp[b] >= 0 && rp[b] < req_to_token.size(0),
+                    "sgl_kernel.decode_layer: request ", b, " has length ", lp[b], " / row ", rp[b],
+                    " outside req_to_token");
+        TORCH_CHECK(cp[b] >= 0 && cp[b] < S, "sgl_kernel.decode_layer: cache slot ", cp[b], " outside the pool");
+        TORCH_CHECK(pp[b] >= 0 && pp[b] < cos.size(0), "sgl_kernel.decode_layer: position ", pp[b],
+                    " outside the table of ", cos.size(0));
+        longest = std::max(longest, window > 0 ? std::min(lp[b], window) : lp[b]);
+    }
+
+    const at::TensorOptions opt = hidden.options();
+    at::Tensor out = at::empty({B, H}, opt);
+    at::Tensor res_out = residual.has_value() && residual->defined() ? at::empty({B, H}, opt) : hidden;
+    if (B == 0) return {out, res_out};
+    const int64_t widest = std::max({H, I, hq * d});
+    at::Tensor x32 = at::empty({B * widest}, opt.dtype(at::kFloat));
+    at::Tensor h = at::empty({B, H}, opt), qkv_out = at::empty({B, qkv_n}, opt);
+    at::Tensor q_rot = at::empty({B, hq * d}, opt), attn = at::empty({B, hq * d}, opt);
+    at::Tensor gu = at::empty({B, 2 * I}, opt), act = at::empty({B, I}, opt);
+    const size_t esz = hidden.element_size();
+    auto row = [&](const at::Tensor& t, int64_t r, int64_t col) {  // &t[r, col] of a dense 2-D tensor
+        return static_cast<char*>(t.data_ptr()) + (r * t.size(1) + col) * esz;
+    };
+
+    // 1. input norm (with the residual add from the second layer on)
+    {
+        const bool add = residual.has_value() && residual->defined();
+        NormArgs a{hidden.data_ptr(), add ? residual->data_ptr() : nullptr, input_norm.data_ptr(), h.data_ptr(),
+                   add ? res_out.data_ptr() : nullptr, H, H, H, static_cast<float>(eps), dt};
+        run_rmsnorm(a, B);
+    }
+    // 2. qkv, Qwen3's per-head norms, RoPE with k written to its cache slot, v copied to its slot
+    linear_into(qkv, h.data_ptr(), B, H, dt, x32.data_ptr<float>(), qkv_out.data_ptr());
+    at::Tensor q_src = qkv_out, k_src = qkv_out;
+    int64_t q_col = 0, k_col = hq * d;
+    if (qk_norm) {
+        q_src = at::empty({B, hq * d}, opt);
+        k_src = at::empty({B, hk * d}, opt);
+        q_col = k_col = 0;
+        for (int64_t b = 0; b < B; ++b) {
+            NormArgs qa{row(qkv_out, b, 0), nullptr, q_norm->data_ptr(), row(q_src, b, 0), nullptr, d, d, 0,
+                        static_cast<float>(eps), dt};
+            run_rmsnorm(qa, hq);
+            NormArgs ka{row(qkv_out, b, hq * d), nullptr, k_norm->data_ptr(), row(k_src, b, 0), nullptr, d, d, 0,
+                        static_cast<float>(eps), dt};
+            run_rmsnorm(ka, hk);
+        }
+    }
+    const int64_t ldq = q_src.size(1), ldk = k_src.size(1);
+    const auto& kt = kernels();
+    at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            RopeArgs a{row(q_src, b, q_col), row(k_src, b, k_col), row(q_rot, b, 0),
+                       static_cast<char*>(k_cache.data_ptr()) + cp[b] * hk * d * esz, hq, hk, d, cos.size(1),
+                       ldq, ldk, pp + b, cos.data_ptr<float>(), sin.data_ptr<float>(), dt};
+            kt.rope(a, 0, 1);
+            std::memcpy(static_cast<char*>(v_cache.data_ptr()) + cp[b] * hk * d * esz,
+                        row(qkv_out, b, (hq + hk) * d), hk * d * esz);
+        }
+    });
+    // 3. attention over the pool, o_proj
+    DecodeAttnArgs aa{q_rot.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), attn.data_ptr(), nullptr,
+                      req_to_token.scalar_type() == at::kLong ? req_to_token.data_ptr<int64_t>() : nullptr,
+                      req_to_token.scalar_type() == at::kInt ? req_to_token.data_ptr<int32_t>() : nullptr,
+                      req_to_token.stride(0), rp, lp, nullptr, B, hq, hk, d, d, hq * d, 0, 0, window,
+                      static_cast<float>(scale), static_cast<float>(logit_cap), dt};
+    run_decode_attention(aa, longest);
+    at::Tensor o_out = at::empty({B, H}, opt);
+    linear_into(o, attn.data_ptr(), B, hq * d, dt, x32.data_ptr<float>(), o_out.data_ptr());
+    // 4. post-attention norm with the residual add, MLP
+    {
+        at::Tensor r_in = residual.has_value() && residual->defined() ? res_out : hidden;
+        at::Tensor r_out = at::empty({B, H}, opt);
+        NormArgs a{o_out.data_ptr(), r_in.data_ptr(), post_norm.data_ptr(), h.data_ptr(), r_out.data_ptr(), H, H, H,
+                   static_cast<float>(eps), dt};
+        run_rmsnorm(a, B);
+        res_out = r_out;
+    }
+    linear_into(gate_up, h.data_ptr(), B, H, dt, x32.data_ptr<float>(), gu.data_ptr());
+    run_silu_and_mul(gu.data_ptr(), act.data_ptr(), I, 2 * I, dt, B);
+    linear_into(down, act.data_ptr(), B, I, dt, x32.data_ptr<float>(), out.data_ptr());
+    return {out, res_out};
+}
+
+}  // namespace sglk
+
+TORCH_LIBRARY_FRAGMENT(sgl_kernel, m) {
+    m.def("decode_layer(Tensor hidden, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
+          "Tensor qkv_w, Tensor? qkv_scale, Tensor? qkv_bias, Tensor o_w, Tensor? o_scale, Tensor? o_bias, "
+          "Tensor gate_up_w, Tensor? gate_up_scale, Tensor? gate_up_bias, Tensor down_w, Tensor? down_scale, "
+          "Tensor? down_bias, Tensor? q_norm, Tensor? k_norm, int num_heads, int num_kv_heads, int head_dim, "
+          "Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor out_cache_loc, "
+          "Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float scale, int window, "
+          "float logit_cap) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) { m.impl("decode_layer", &sglk::decode_layer); }

@@ -1,0 +1,37 @@
+// What ops.cpp and decode_layer.cpp share: the kernel table of the ISA in use, argument checks,
+// and how each kernel's work is split over torch's intra-op threads (one place, so that an op
+// and the fused decoder layer split, and therefore round, alike).
+#pragma once
+#include <ATen/ATen.h>
+
+#include "kernels.h"
+
+namespace sglk {
+
+struct Kernels {
+    const char* name;
+    decltype(&generic::linear) linear;
+    decltype(&generic::rmsnorm) rmsnorm;
+    decltype(&generic::silu_and_mul) silu_and_mul;
+    decltype(&generic::rope) rope;
+    decltype(&generic::decode_attention_split) decode_split;
+    decltype(&generic::decode_attention_combine) decode_combine;
+};
+
+Kernels& kernels();  // the set this CPU runs (or the one use_isa chose)
+
+DType dtype_of(const at::Tensor& t, const char* what);   // F32 / BF16, else an error
+WType wtype_of(const at::Tensor& w, const char* what);   // F32 / BF16 / I8, else an error
+void check_cpu(const at::Tensor& t, const char* what);
+at::Tensor as_rows(const at::Tensor& t, const char* what);  // [rows, last], last dim dense
+
+// The thread splits. `a` is complete except for the fields each launcher documents.
+void run_linear(const LinearArgs& a, int64_t N);
+void run_rmsnorm(const NormArgs& a, int64_t rows);
+void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows);
+void run_rope(const RopeArgs& a, int64_t T);
+// Picks the split of the longest visible context (`longest` keys) over the threads, allocates
+// the scratch (a.partial, a.n_split, a.split_len are filled here) and runs both phases.
+void run_decode_attention(DecodeAttnArgs a, int64_t longest);
+
+}  // namespace sglk
