@@ -109,14 +109,12 @@ def decode_sweep_table(dtypes, layers=30):
         if not int8:
             pws = [packed(w) for w, _ in ws]
             t_o = f"{1e3 * bench(lambda: [onednn(xs[w.shape[1]], p[0].dtype, p[1]) for (w, _), p in zip(ws, pws)]):.1f}"
-            del pws
         flat = torch.cat([w.reshape(-1) for w, _ in ws[:-1]])
         dst = torch.empty_like(flat)
         t_c = bench(lambda: dst.copy_(flat))
         name = "int8 (bf16 activations)" if int8 else str(dtype).split(".")[1]
         print(f"| {name} | {nbytes / 1e6:.0f} | {t_k * 1e3:.1f} | {nbytes / t_k / 1e9:.1f} | {t_o} | "
               f"{2 * flat.numel() * flat.element_size() / t_c / 1e9:.1f} |", flush=True)
-        del ws, flat, dst
 
 
 def attention_table(dtypes):
