@@ -46,23 +46,12 @@ Linear linear_of(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
     return l;
 }
 
-// x [M, K] of dtype dt (dense) -> fp32 scratch (exact), then y [M, N] (dense, dtype dt) = x @ w.T.
-void linear_into(const Linear& l, const void* x, int64_t M, int64_t K, DType dt, float* x32, void* y) {
-    if (dt == DType::F32) {
-        std::memcpy(x32, x, M * K * sizeof(float));
-    } else {
-        const uint16_t* src = static_cast<const uint16_t*>(x);
-        for (int64_t i = 0; i < M * K; ++i) {
-            const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
-            std::memcpy(x32 + i, &u, 4);
-        }
-    }
+// y [M, N] (dense, dtype dt) = x [M, K] (dense, dtype dt) @ w.T
+void linear_into(const Linear& l, const void* x, int64_t M, int64_t K, DType dt, void* y) {
     const at::Tensor& w = *l.w;
-    const int64_t N = w.size(0);
-    LinearArgs a{x32, M, K, K, w.data_ptr(), w.stride(0), wtype_of(w, "w"),
-                 l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
-                 l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, dt};
-    run_linear(a, N);
+    run_linear(x, dt, M, K, K, w.data_ptr(), w.stride(0), wtype_of(w, "w"),
+               l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
+               l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, dt, w.size(0));
 }
 
 void check_norm_weight(const at::Tensor& w, int64_t H, const at::Tensor& x, const char* what) {
@@ -154,8 +143,6 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     at::Tensor out = at::empty({B, H}, opt);
     at::Tensor res_out = residual.has_value() && residual->defined() ? at::empty({B, H}, opt) : hidden;
     if (B == 0) return {out, res_out};
-    const int64_t widest = std::max({H, I, hq * d});
-    at::Tensor x32 = at::empty({B * widest}, opt.dtype(at::kFloat));
     at::Tensor h = at::empty({B, H}, opt), qkv_out = at::empty({B, qkv_n}, opt);
     at::Tensor q_rot = at::empty({B, hq * d}, opt), attn = at::empty({B, hq * d}, opt);
     at::Tensor gu = at::empty({B, 2 * I}, opt), act = at::empty({B, I}, opt);
@@ -172,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         run_rmsnorm(a, B);
     }
     // 2. qkv, Qwen3's per-head norms, RoPE with k written to its cache slot, v copied to its slot
-    linear_into(qkv, h.data_ptr(), B, H, dt, x32.data_ptr<float>(), qkv_out.data_ptr());
+    linear_into(qkv, h.data_ptr(), B, H, dt, qkv_out.data_ptr());
     at::Tensor q_src = qkv_out, k_src = qkv_out;
     int64_t q_col = 0, k_col = hq * d;
     if (qk_norm) {
@@ -208,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
                       static_cast<float>(scale), static_cast<float>(logit_cap), dt};
     run_decode_attention(aa, longest);
     at::Tensor o_out = at::empty({B, H}, opt);
-    linear_into(o, attn.data_ptr(), B, hq * d, dt, x32.data_ptr<float>(), o_out.data_ptr());
+    linear_into(o, attn.data_ptr(), B, hq * d, dt, o_out.data_ptr());
     // 4. post-attention norm with the residual add, MLP
     {
         at::Tensor r_in = residual.has_value() && residual->defined() ? res_out : hidden;
@@ -218,9 +205,9 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         run_rmsnorm(a, B);
         res_out = r_out;
     }
-    linear_into(gate_up, h.data_ptr(), B, H, dt, x32.data_ptr<float>(), gu.data_ptr());
+    linear_into(gate_up, h.data_ptr(), B, H, dt, gu.data_ptr());
     run_silu_and_mul(gu.data_ptr(), act.data_ptr(), I, 2 * I, dt, B);
-    linear_into(down, act.data_ptr(), B, I, dt, x32.data_ptr<float>(), out.data_ptr());
+    linear_into(down, act.data_ptr(), B, I, dt, out.data_ptr());
     return {out, res_out};
 }
 

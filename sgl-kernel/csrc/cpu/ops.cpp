@@ -83,12 +83,27 @@ at::Tensor as_rows(const at::Tensor& t, const char* what) {
 }
 
 // ---- thread splits ------------------------------------------------------------------------------
-void run_linear(const LinearArgs& a, int64_t N) {
+void run_linear(const void* x, DType xt, int64_t M, int64_t K, int64_t ldx, const void* w, int64_t ldw, WType wt,
+                const float* scale, const float* bias, void* y, DType yt, int64_t N) {
+    at::Tensor x32;
+    const float* xf = static_cast<const float*>(x);
+    if (xt == DType::BF16) {  // bf16 -> fp32 is exact: the high half of the fp32 bits
+        x32 = at::empty({M * K}, at::TensorOptions().dtype(at::kFloat));
+        float* dst = x32.data_ptr<float>();
+        for (int64_t m = 0; m < M; ++m) {
+            const uint16_t* src = static_cast<const uint16_t*>(x) + m * ldx;
+            for (int64_t k = 0; k < K; ++k) {
+                const uint32_t u = static_cast<uint32_t>(src[k]) << 16;
+                std::memcpy(dst + m * K + k, &u, 4);
+            }
+        }
+        xf = dst;
+        ldx = K;
+    }
+    LinearArgs a{xf, M, K, ldx, w, ldw, wt, scale, bias, y, N, yt};
     const auto& kt = kernels();
     // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
-    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
-        kt.linear(a, b0 * 4, std::min(N, b1 * 4));
-    });
+    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) { kt.linear(a, b0 * 4, std::min(N, b1 * 4)); });
 }
 
 void run_rmsnorm(const NormArgs& a, int64_t rows) {
@@ -146,15 +161,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
         b = bias->to(at::kFloat).contiguous();
         TORCH_CHECK(b.numel() == N, "sgl_kernel.linear: bias needs ", N, " entries");
     }
-    at::Tensor xf = x2.scalar_type() == at::kFloat && x2.is_contiguous() ? x2 : x2.to(at::kFloat).contiguous();
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = N;
     at::Tensor y = at::empty(shape, x.options());
     if (M == 0 || N == 0) return y;
-    LinearArgs a{xf.data_ptr<float>(), M, K, K, w.data_ptr(), w.stride(0), wt,
-                 scale.defined() ? scale.data_ptr<float>() : nullptr,
-                 b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr(), N, yt};
-    run_linear(a, N);
+    run_linear(x2.data_ptr(), yt, M, K, x2.stride(0), w.data_ptr(), w.stride(0), wt,
+               scale.defined() ? scale.data_ptr<float>() : nullptr, b.defined() ? b.data_ptr<float>() : nullptr,
+               y.data_ptr(), yt, N);
     return y;
 }
 

@@ -26,7 +26,10 @@ void check_cpu(const at::Tensor& t, const char* what);
 at::Tensor as_rows(const at::Tensor& t, const char* what);  // [rows, last], last dim dense
 
 // The thread splits. `a` is complete except for the fields each launcher documents.
-void run_linear(const LinearArgs& a, int64_t N);
+// y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
+// ldx); bf16 x is copied to fp32 first (exactly), the kernel's input type.
+void run_linear(const void* x, DType xt, int64_t M, int64_t K, int64_t ldx, const void* w, int64_t ldw, WType wt,
+                const float* scale, const float* bias, void* y, DType yt, int64_t N);
 void run_rmsnorm(const NormArgs& a, int64_t rows);
 void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows);
 void run_rope(const RopeArgs& a, int64_t T);

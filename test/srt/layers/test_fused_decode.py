@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import sgl_kernel
+from sglang.srt.layers import cpu_ops
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.test.hf_parity import random_prompt
 from sglang.test.runner_utils import ManualDriver
@@ -102,5 +103,6 @@ def test_fused_layer_steps_aside_for_batches_beyond_the_small_m_kernel(tmp_path,
     _, _, ran = _decode_trace(runner, [random_prompt(8, seed=1)], 2)
     assert ran
     # more rows than the small-M kernel takes in fp32: the layer runs its modules (oneDNN)
-    _, _, ran = _decode_trace(runner, [random_prompt(8, seed=i) for i in range(3)], 2)
+    rows = cpu_ops.linear_max_rows(torch.float32) + 1
+    _, _, ran = _decode_trace(runner, [random_prompt(8, seed=i) for i in range(rows)], 2)
     assert not ran

@@ -51,7 +51,9 @@ def test_prefill_and_20_decode_steps_match_hf(arch, runner):
 def test_chunked_prefill_carries_the_state(arch, runner, chunk):
     prompt = random_prompt(90, seed=1)
     ref = hf_reference(arch[2], prompt, 3)
-    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens, chunk_size=chunk), ref)
+    # 5-token chunks take the small-M linear kernel (up to 16 rows in fp32 on AVX-512), whose fp32
+    # sum order differs from HF's GEMM: a few logits move by up to ~1.5e-4
+    assert_trace_close(hybrid_logits(runner, prompt, ref.tokens, chunk_size=chunk), ref, atol=2e-4)
 
 
 def test_ragged_batch_in_scattered_slots(arch):

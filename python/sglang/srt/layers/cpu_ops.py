@@ -63,32 +63,22 @@ def describe() -> str:
 
 
 def linear_max_rows(dtype: torch.dtype) -> int:
-    """Rows up to which sgl_kernel.linear beats oneDNN here (benchmark/kernels/bench_cpu_ops.py);
-    SGLANG_CPU_SMALL_M_LINEAR overrides (0 turns the kernel's linear off)."""
+    """Rows up to which sgl_kernel.linear beats oneDNN here, measured over a decode step's weights
+    read from memory (benchmark/kernels/bench_cpu_ops.py --only sweep); SGLANG_CPU_SMALL_M_LINEAR
+    overrides (0 turns the kernel's linear off)."""
     env = os.environ.get("SGLANG_CPU_SMALL_M_LINEAR")
     if env is not None:
         return int(env)
     if dtype == torch.float32:
-        return 1
+        # AVX-512: 16 rows in 81 ms vs oneDNN's 96 (8: 44 vs 55; 1: 38 vs 50). AVX2 (half the FMA
+        # width, measured before the kernel's prefetch): oneDNN from 2 rows on.
+        if "fp32_rows" not in _state:  # the ISA of the kernels loaded at start
+            _state["fp32_rows"] = 16 if available() and _sgl_kernel.isa() == "avx512" else 1
+        return _state["fp32_rows"]
     if dtype == torch.bfloat16:
-        return 1 if _native_bf16_gemm() else 4
+        # native bf16 oneDNN (AMX): 4 rows 21 vs 31 ms, 8 rows 36 vs 30; without it oneDNN
+        # multiplies an fp32 copy (twice the bytes), 4 rows measured on AVX2.
+        return 4
     if dtype == torch.int8:  # --quantization w8a16_int8: decode batches
         return 8
     return 0
-
-
-def _native_bf16_gemm() -> bool:
-    """oneDNN multiplies bf16 natively (AVX512-BF16/AMX); otherwise layers/linear.py multiplies an
-    fp32 copy of the weights, which reads twice the bytes of the kernel's bf16 weights."""
-    if "native_bf16" not in _state:
-        try:
-            _state["native_bf16"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            _state["native_bf16"] = False
-    return _state["native_bf16"]
-
-
-# The crossovers (benchmark/kernels/bench_cpu_ops.py, 2 threads, default model's shapes): the
-# kernel wins at 1 row (fp32: 7.3 vs 7.8 ms for the five linears; bf16: 4.7 vs 5.4 ms against
-# native bf16 oneDNN); from 2 rows oneDNN's blocked GEMM is faster, except against oneDNN's fp32
-# copy of bf16 weights (CPUs without native bf16), where the kernel reads half the bytes.
