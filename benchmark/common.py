@@ -30,7 +30,8 @@ TAG = "@@BENCH "
 TINY_LLAMA = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, vocab_size=32000)
 PEER_NAMES = {"ours": "ours", "ours_torch": "ours, torch ops", "ours_int8": "ours, w8a16_int8",
-              "hf": "HF transformers", "vllm": "vLLM-CPU", "sglang_upstream": "upstream SGLang", "llamacpp": "llama.cpp"}
+              "hf": "HF transformers", "vllm": "vLLM-CPU", "sglang_upstream": "upstream SGLang", "llamacpp": "llama.cpp",
+              "llamacpp_q8_0": "llama.cpp q8_0"}
 # Variants of our own engine: (worker backend, environment, Engine kwargs). "ours_torch" runs the
 # torch fallbacks instead of sgl-kernel's compiled ops; "ours_int8" quantizes the linear weights.
 OUR_VARIANTS = {"ours": ("ours", {}, {}), "ours_torch": ("ours", {"SGLANG_DISABLE_SGL_KERNEL": "1"}, {}),

