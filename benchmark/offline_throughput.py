@@ -61,7 +61,11 @@ def start_llamacpp(name: str, path: str, dtype: str, threads) -> list:
         print(f"SKIP {PEER_NAMES[name]}: {why}", flush=True)
         return []
     gguf = llamacpp.gguf_for(path, "q8_0" if name == "llamacpp_q8_0" else llamacpp.OUTTYPES[dtype], cache_dir())
-    w = llamacpp.LlamaCppBench(name, gguf, threads or os.cpu_count())
+    try:
+        w = llamacpp.LlamaCppBench(name, gguf, threads or os.cpu_count())
+    except RuntimeError as e:  # e.g. its AMX kernels need a permission some VMs do not give
+        print(f"SKIP {PEER_NAMES[name]}: {e}", flush=True)
+        return []
     print(f"loaded {w.name} {w.version} ({os.path.basename(gguf)}) in {w.load_s:.1f} s", flush=True)
     return [w]
 

@@ -21,6 +21,8 @@ PLOT_DIR = os.path.join(HERE, "plots")
 
 # RESULTS.md heading (prefix) -> (plot kind, output file)
 RESULTS_PLOTS = [
+    ("Issue 15 targets: bf16", "throughput", "offline_bf16_issue15.png"),
+    ("Issue 15 targets: fp32", "throughput", "offline_fp32_issue15.png"),
     ("Offline throughput, fp32, all peers", "throughput", "offline_fp32.png"),
     ("Offline throughput, bf16, all peers", "throughput", "offline_bf16.png"),
     ("Serving, idle machine", "latency", "serving.png"),
