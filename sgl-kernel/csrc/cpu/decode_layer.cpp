@@ -128,15 +128,11 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     const int64_t* lp = lens.data_ptr<int64_t>();
     const int64_t* cp = loc.data_ptr<int64_t>();
     const int64_t* pp = pos.data_ptr<int64_t>();
-    int64_t longest = 0;
+    const int64_t longest = longest_visible(req_to_token, rp, lp, B, window, "sgl_kernel.decode_layer");
     for (int64_t b = 0; b < B; ++b) {
-        TORCH_CHECK(lp[b] >= 1 && lp[b] <= req_to_token.size(1) && rp[b] >= 0 && rp[b] < req_to_token.size(0),
-                    "sgl_kernel.decode_layer: request ", b, " has length ", lp[b], " / row ", rp[b],
-                    " outside req_to_token");
         TORCH_CHECK(cp[b] >= 0 && cp[b] < S, "sgl_kernel.decode_layer: cache slot ", cp[b], " outside the pool");
         TORCH_CHECK(pp[b] >= 0 && pp[b] < cos.size(0), "sgl_kernel.decode_layer: position ", pp[b],
                     " outside the table of ", cos.size(0));
-        longest = std::max(longest, window > 0 ? std::min(lp[b], window) : lp[b]);
     }
 
     const at::TensorOptions opt = hidden.options();

@@ -82,6 +82,17 @@ at::Tensor as_rows(const at::Tensor& t, const char* what) {
     return t.reshape({-1, t.size(-1)});
 }
 
+int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, const int64_t* lens, int64_t B,
+                        int64_t window, const char* op) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        TORCH_CHECK(lens[b] >= 1 && lens[b] <= req_to_token.size(1) && rows[b] >= 0 && rows[b] < req_to_token.size(0),
+                    op, ": request ", b, " has length ", lens[b], " / row ", rows[b], " outside req_to_token");
+        longest = std::max(longest, window > 0 ? std::min(lens[b], window) : lens[b]);
+    }
+    return longest;
+}
+
 // ---- thread splits ------------------------------------------------------------------------------
 void run_linear(const void* x, DType xt, int64_t M, int64_t K, int64_t ldx, const void* w, int64_t ldw, WType wt,
                 const float* scale, const float* bias, void* y, DType yt, int64_t N) {
@@ -285,13 +296,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     if (slot_map.has_value() && slot_map->defined()) smap = slot_map->to(at::kLong).contiguous();
     const int64_t* lp = lens.data_ptr<int64_t>();
     const int64_t* rp = rows.data_ptr<int64_t>();
-    int64_t longest = 0;
-    for (int64_t b = 0; b < B; ++b) {
-        TORCH_CHECK(lp[b] >= 1 && lp[b] <= req_to_token.size(1) && rp[b] >= 0 && rp[b] < req_to_token.size(0),
-                    "sgl_kernel.decode_attention: request ", b, " has length ", lp[b], " / row ", rp[b],
-                    " outside req_to_token");
-        longest = std::max(longest, window > 0 ? std::min(lp[b], window) : lp[b]);
-    }
+    const int64_t longest = longest_visible(req_to_token, rp, lp, B, window, "sgl_kernel.decode_attention");
     at::Tensor out = at::empty({B, hq * dv}, q.options());
     if (B == 0) return out;
     DecodeAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), nullptr,

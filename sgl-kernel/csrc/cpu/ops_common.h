@@ -25,6 +25,11 @@ WType wtype_of(const at::Tensor& w, const char* what);   // F32 / BF16 / I8, els
 void check_cpu(const at::Tensor& t, const char* what);
 at::Tensor as_rows(const at::Tensor& t, const char* what);  // [rows, last], last dim dense
 
+// Each decode request's KV row and length must lie inside req_to_token (`op` names the caller in
+// the error); returns the longest context a query attends to (the last `window` keys if > 0).
+int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, const int64_t* lens, int64_t B,
+                        int64_t window, const char* op);
+
 // The thread splits. `a` is complete except for the fields each launcher documents.
 // y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
 // ldx); bf16 x is copied to fp32 first (exactly), the kernel's input type.

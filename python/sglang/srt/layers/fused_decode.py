@@ -84,7 +84,7 @@ def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_b
     if k_buf.dtype != hidden.dtype:
         return None
     rope = layer.self_attn.rotary_emb
-    rope._check_positions(positions)
+    rope.check_positions(positions)
     head, tail = args
     return torch.ops.sgl_kernel.decode_layer(
         hidden, residual, *head, positions, rope.cos_cached, rope.sin_cached, k_buf, v_buf, fb.out_cache_loc,

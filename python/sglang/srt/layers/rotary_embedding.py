@@ -116,13 +116,13 @@ class RotaryEmbedding(nn.Module):
         (see get_rope), so the rows are gathered once per forward and reused."""
         if self._last is not None and self._last[0] is positions and self._last[1] == dtype:
             return self._last[2]
-        self._check_positions(positions)
+        self.check_positions(positions)
         cos = self.cos_cached.index_select(0, positions).to(dtype)[:, None, :]
         sin = self.sin_cached.index_select(0, positions).to(dtype)[:, None, :]
         self._last = (positions, dtype, (cos, sin))
         return cos, sin
 
-    def _check_positions(self, positions: torch.Tensor) -> None:
+    def check_positions(self, positions: torch.Tensor) -> None:
         """Once per positions tensor (one instance serves every layer of a forward)."""
         if self._checked is positions:
             return
@@ -141,7 +141,7 @@ class RotaryEmbedding(nn.Module):
         """query: [T, n_q * head_size], key: [T, n_kv * head_size] -> rotated, same shapes."""
         if (cpu_ops.enabled(query) and query.dim() == 2 and key.dim() == 2 and key.dtype == query.dtype
                 and query.stride(-1) == 1 and key.stride(-1) == 1 and positions.dtype == torch.int64):
-            self._check_positions(positions)
+            self.check_positions(positions)
             return torch.ops.sgl_kernel.rotary_embedding(positions.contiguous(), query, key, self.head_size,
                                                          self.cos_cached, self.sin_cached)
         cos, sin = self._cos_sin(positions, query.dtype)
