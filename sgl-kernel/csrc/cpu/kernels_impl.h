@@ -95,10 +95,20 @@ template <> inline vf vrnd<bf16_t>(vf v) {
     return reinterpret_cast<vf&>(u);
 }
 
+// Horizontal sum as a tree of halvings (a serial lane loop is a 16-add dependency chain).
 inline float hsum(vf v) {
-    float s = 0;
-    for (int i = 0; i < VL; ++i) s += v[i];
-    return s;
+    typedef float v4 __attribute__((vector_size(16)));
+#if SGLK_VEC_BYTES == 64
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+#elif SGLK_VEC_BYTES == 32
+    v4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+#else
+    v4 b = v;
+#endif
+    b = b + __builtin_shufflevector(b, b, 2, 3, 0, 1);
+    return b[0] + b[1];
 }
 
 inline float hmax(vf v) {
@@ -143,21 +153,6 @@ inline int64_t imax_(int64_t a, int64_t b) { return a > b ? a : b; }
 // 12.6 -> 15-16 GB/s, int8 11 -> 15, fp32 unchanged at 16-17, against ~16 GB/s for a plain copy.
 constexpr int kLinearPrefetch = 4096;
 
-inline float hsum_tree(vf v) {
-    typedef float v4 __attribute__((vector_size(16)));
-#if SGLK_VEC_BYTES == 64
-    typedef float v8 __attribute__((vector_size(32)));
-    v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-#elif SGLK_VEC_BYTES == 32
-    v4 b = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-#else
-    v4 b = v;
-#endif
-    b = b + __builtin_shufflevector(b, b, 2, 3, 0, 1);
-    return b[0] + b[1];
-}
-
 template <typename TW, int MR>
 inline void dot_rows(const float* x, int64_t ldx, const TW* w, int64_t K, float (&out)[MR]) {
     vf acc[MR][4];
@@ -177,7 +172,7 @@ inline void dot_rows(const float* x, int64_t ldx, const TW* w, int64_t K, float 
         for (int m = 0; m < MR; ++m) acc[m][0] += vld<float>(x + m * ldx + k) * wv;
     }
     for (int m = 0; m < MR; ++m) {
-        float s = hsum_tree((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]));
+        float s = hsum((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]));
         for (int64_t t = k; t < K; ++t) s += x[m * ldx + t] * ld<TW>(w, t);
         out[m] = s;
     }

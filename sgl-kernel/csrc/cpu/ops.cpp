@@ -93,9 +93,27 @@ int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, con
     return longest;
 }
 
+LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
+                             const c10::optional<at::Tensor>& bias, int64_t K, const char* op) {
+    check_cpu(w, op);
+    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, op, ": w must be [N, ", K, "] with dense rows, got ",
+                w.sizes());
+    LinearWeights l{&w, wtype_of(w, op), {}, {}};
+    if (l.wtype == WType::I8) {
+        TORCH_CHECK(scale.has_value() && scale->defined(), op, ": int8 weights need per-row scales");
+        l.scale = scale->to(at::kFloat).contiguous();
+        TORCH_CHECK(l.scale.numel() == w.size(0), op, ": int8 weights need ", w.size(0), " scales");
+    }
+    if (bias.has_value() && bias->defined()) {
+        l.bias = bias->to(at::kFloat).contiguous();
+        TORCH_CHECK(l.bias.numel() == w.size(0), op, ": bias needs ", w.size(0), " entries");
+    }
+    return l;
+}
+
 // ---- thread splits ------------------------------------------------------------------------------
-void run_linear(const void* x, DType xt, int64_t M, int64_t K, int64_t ldx, const void* w, int64_t ldw, WType wt,
-                const float* scale, const float* bias, void* y, DType yt, int64_t N) {
+void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
+    const int64_t N = l.w->size(0), K = l.w->size(1);
     at::Tensor x32;
     const float* xf = static_cast<const float*>(x);
     if (xt == DType::BF16) {  // bf16 -> fp32 is exact: the high half of the fp32 bits
@@ -111,7 +129,9 @@ void run_linear(const void* x, DType xt, int64_t M, int64_t K, int64_t ldx, cons
         xf = dst;
         ldx = K;
     }
-    LinearArgs a{xf, M, K, ldx, w, ldw, wt, scale, bias, y, N, yt};
+    LinearArgs a{xf, M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+                 l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
+                 l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
     const auto& kt = kernels();
     // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
     at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) { kt.linear(a, b0 * 4, std::min(N, b1 * 4)); });
@@ -155,30 +175,14 @@ void run_decode_attention(DecodeAttnArgs a, int64_t longest) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                   const c10::optional<at::Tensor>& bias) {
     at::Tensor x2 = as_rows(x, "x");
-    check_cpu(w, "w");
-    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1, "sgl_kernel.linear: w must be [N, K] with dense rows");
     const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
-    TORCH_CHECK(w.size(1) == K, "sgl_kernel.linear: x has ", K, " features, w ", w.size(1));
     const DType yt = dtype_of(x, "x");
-    const WType wt = wtype_of(w, "sgl_kernel.linear: w");
-    at::Tensor scale;
-    if (wt == WType::I8) {
-        TORCH_CHECK(w_scale.has_value(), "sgl_kernel.linear: int8 weights need w_scale");
-        scale = w_scale->to(at::kFloat).contiguous();
-        TORCH_CHECK(scale.numel() == N, "sgl_kernel.linear: w_scale needs ", N, " entries");
-    }
-    at::Tensor b;
-    if (bias.has_value() && bias->defined()) {
-        b = bias->to(at::kFloat).contiguous();
-        TORCH_CHECK(b.numel() == N, "sgl_kernel.linear: bias needs ", N, " entries");
-    }
+    const LinearWeights l = linear_weights(w, w_scale, bias, K, "sgl_kernel.linear");
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = N;
     at::Tensor y = at::empty(shape, x.options());
     if (M == 0 || N == 0) return y;
-    run_linear(x2.data_ptr(), yt, M, K, x2.stride(0), w.data_ptr(), w.stride(0), wt,
-               scale.defined() ? scale.data_ptr<float>() : nullptr, b.defined() ? b.data_ptr<float>() : nullptr,
-               y.data_ptr(), yt, N);
+    run_linear(l, x2.data_ptr(), yt, M, x2.stride(0), y.data_ptr(), yt);
     return y;
 }
 

@@ -13,8 +13,10 @@ import sys
 
 import pytest
 import requests
+import sgl_kernel
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang.srt.layers import fused_decode
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
@@ -58,8 +60,9 @@ def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False):
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_llama")), "llama", seed=17)
-    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), "llama", with_mini_lb=True)
-    yield {"ports": ports, "model": model}
+    logs = tmp_path_factory.mktemp("logs")
+    ports, procs = _deploy(model, logs, "llama", with_mini_lb=True)
+    yield {"ports": ports, "model": model, "decode_log": logs / "llama_d.log"}
     for p in reversed(procs):
         stop_server(p)
 
@@ -128,6 +131,8 @@ def test_fuzz_through_the_real_router(llama):
     report = run_fuzz(_target(ports["router"], ports["decode"], True), num_cases=NUM_CASES, concurrency=32, seed=1302)
     assert not report.violations, report.summary()
     _after_run(llama, url(ports["router"]))
+    if sgl_kernel.load():  # the decode server's batches ran the fused CPU decoder layer
+        assert fused_decode.USED_MESSAGE in llama["decode_log"].read_text()
 
 
 def test_fuzz_through_the_in_tree_mini_lb(llama):

@@ -9,6 +9,9 @@ so that prompts near the limit are cheap.
 
 import pytest
 import requests
+import sgl_kernel
+
+from sglang.srt.layers import fused_decode
 
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -30,7 +33,7 @@ def server(tmp_path_factory):
                                              "--chunked-prefill-size", "64", "--enable-mixed-chunk", "--page-size", "16"],
                                log_path=log)
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "model": model}
+        yield {"url": f"http://127.0.0.1:{port}", "model": model, "log": log}
     finally:
         stop_server(proc)
 
@@ -45,6 +48,8 @@ def test_fuzz_plain_server(server):
     assert statuses.get("valid 200", 0) > NUM_CASES // 2 and statuses.get("invalid 400", 0) > NUM_CASES // 10
     assert requests.get(url + "/health", timeout=10).status_code == 200
     assert_pools_restored([url])
+    if sgl_kernel.load():  # the fuzzed decode batches ran the fused CPU decoder layer
+        assert fused_decode.USED_MESSAGE in open(server["log"]).read()
     r = requests.post(url + "/generate", timeout=60, json={
         "input_ids": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}})
     want, _, _ = hf_greedy_reference(server["model"], PROMPT, 12)

@@ -16,6 +16,7 @@ weights in the activations' dtype or int8 (`--quantization w8a16_int8`).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional, Tuple
 
@@ -24,6 +25,10 @@ import torch
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, is_swa_pool_layer
 
+logger = logging.getLogger(__name__)
+_said = []  # the first fused call of the process is logged (tests look for it in server logs)
+USED_MESSAGE = "CPU decode: whole decoder layers in sgl_kernel.decode_layer"
+
 
 def enabled() -> bool:
     return os.environ.get("SGLANG_CPU_FUSED_DECODE", "1") != "0"
@@ -31,17 +36,20 @@ def enabled() -> bool:
 
 def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     """(weight, scale, bias) as layers/linear.py's `linear` would multiply `rows` rows with the
-    small-M kernel, or None when it would take another path (oneDNN, F.linear)."""
+    small-M kernel, or None when it would take another path (oneDNN, F.linear). The bias is the
+    fp32 copy the kernel adds (made once here rather than per call)."""
+    bias = None if linear.bias is None else linear.bias.float()
     if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
-        return linear.int8_weight[0], linear.int8_weight[1], linear.bias
+        return linear.int8_weight[0], linear.int8_weight[1], bias
     if linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
-        return linear.weight, None, linear.bias
+        return linear.weight, None, bias
     return None
 
 
 def _layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
-    """The op's per-layer arguments for batches of `rows`, built once per (rows, dtype)."""
-    cache = layer.__dict__.setdefault("_fused_decode_args", {})
+    """The op's per-layer arguments for batches of `rows`, built once per (rows, dtype) into the
+    layer's `fused_decode_args`."""
+    cache = layer.fused_decode_args
     key = (rows, dtype)
     if key not in cache:
         cache[key] = _build_layer_args(layer, rows, dtype)
@@ -86,6 +94,10 @@ def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_b
     rope = layer.self_attn.rotary_emb
     rope.check_positions(positions)
     head, tail = args
-    return torch.ops.sgl_kernel.decode_layer(
+    out = torch.ops.sgl_kernel.decode_layer(
         hidden, residual, *head, positions, rope.cos_cached, rope.sin_cached, k_buf, v_buf, fb.out_cache_loc,
         fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *tail)
+    if not _said:
+        _said.append(True)
+        logger.info(USED_MESSAGE)
+    return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import abort_reason
 
 Query = Optional[Union[str, List[int]]]
 Items = Optional[Union[str, List[str], List[List[int]]]]
@@ -106,8 +107,6 @@ async def run_to_completion(tokenizer_manager, obj: GenerateReqInput, request=No
     async for outputs in tokenizer_manager.generate_request(obj, request):
         break
     outputs = outputs if isinstance(outputs, list) else [outputs]
-    from sglang.srt.managers.tokenizer_manager import abort_reason
-
     for out in outputs:
         reason = abort_reason(out)
         if reason is not None:

@@ -97,6 +97,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)))
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.fused_decode_args: dict = {}  # layers/fused_decode.py's per-(rows, dtype) arguments
 
     def forward(self, positions, hidden_states, forward_batch, residual: Optional[torch.Tensor]):
         fused = fused_decode.decode_layer(self, positions, hidden_states, forward_batch, residual)
