@@ -83,14 +83,14 @@ def linear_table(dtypes, rows):
           {str(k).split('.')[1]: v for k, v in crossover.items()})
 
 
-def decode_sweep_table(dtypes, layers=30):
-    """One batch-1 decode step's linears as the model runs them: `layers` layers' distinct weights
-    and the LM head in order (269 MB in bf16), so that the weights come from DRAM as in a real
-    step, not from the cache as in the per-shape table above. A plain copy of the layers' weights
-    is the bandwidth reference."""
-    print(f"\n## One decode step's linears, {layers} layers + lm_head, 1 row, weights cold (ms; GB/s)\n")
-    print("| weights | MB | sgl_kernel ms | sgl_kernel GB/s | oneDNN packed ms | copy GB/s (r+w) |")
-    print("|---|---|---|---|---|---|")
+def decode_sweep_table(dtypes, rows_list=(1,), layers=30):
+    """One decode step's linears as the model runs them: `layers` layers' distinct weights and the
+    LM head in order (269 MB in bf16), so that the weights come from DRAM as in a real step, not
+    from the cache as in the per-shape table above; at each of `rows_list` batch rows. A plain copy
+    of the layers' weights is the bandwidth reference."""
+    print(f"\n## One decode step's linears, {layers} layers + lm_head, weights cold (ms; GB/s)\n")
+    print("| weights | rows | MB | sgl_kernel ms | sgl_kernel GB/s | oneDNN packed ms | copy GB/s (r+w) |")
+    print("|---|---|---|---|---|---|---|")
     for dtype in list(dtypes) + ["int8"]:
         int8 = dtype == "int8"
         act = torch.bfloat16 if int8 else dtype
@@ -102,19 +102,20 @@ def decode_sweep_table(dtypes, layers=30):
 
         shapes = [s for name, s in LINEARS.items() if name != "lm_head"]
         ws = [make(*s) for _ in range(layers) for s in shapes] + [make(*LINEARS["lm_head"])]
-        xs = {k: torch.randn(1, k).to(act) for k in {s[1] for s in LINEARS.values()}}
         nbytes = sum(w.numel() * w.element_size() for w, _ in ws)
-        t_k = bench(lambda: [ops.linear(xs[w.shape[1]], w, sc, None) for w, sc in ws], min_time=0.5)
-        t_o = "-"
-        if not int8:
-            pws = [packed(w) for w, _ in ws]
-            t_o = f"{1e3 * bench(lambda: [onednn(xs[w.shape[1]], p[0].dtype, p[1]) for (w, _), p in zip(ws, pws)]):.1f}"
+        pws = None if int8 else [packed(w) for w, _ in ws]
         flat = torch.cat([w.reshape(-1) for w, _ in ws[:-1]])
         dst = torch.empty_like(flat)
-        t_c = bench(lambda: dst.copy_(flat))
+        copy_gbps = 2 * flat.numel() * flat.element_size() / bench(lambda: dst.copy_(flat)) / 1e9
         name = "int8 (bf16 activations)" if int8 else str(dtype).split(".")[1]
-        print(f"| {name} | {nbytes / 1e6:.0f} | {t_k * 1e3:.1f} | {nbytes / t_k / 1e9:.1f} | {t_o} | "
-              f"{2 * flat.numel() * flat.element_size() / t_c / 1e9:.1f} |", flush=True)
+        for rows in rows_list:
+            xs = {k: torch.randn(rows, k).to(act) for k in {s[1] for s in LINEARS.values()}}
+            t_k = bench(lambda: [ops.linear(xs[w.shape[1]], w, sc, None) for w, sc in ws], min_time=0.5)
+            t_o = "-"
+            if pws is not None:
+                t_o = f"{1e3 * bench(lambda: [onednn(xs[w.shape[1]], p[0].dtype, p[1]) for (w, _), p in zip(ws, pws)]):.1f}"
+            print(f"| {name} | {rows} | {nbytes / 1e6:.0f} | {t_k * 1e3:.1f} | {nbytes / t_k / 1e9:.1f} | {t_o} | "
+                  f"{copy_gbps:.1f} |", flush=True)
 
 
 def attention_table(dtypes):
@@ -175,6 +176,7 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--isa", default=None, help="generic|avx2|avx512 (default: the best this CPU runs)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--sweep-rows", type=int, nargs="+", default=[1], help="batch rows of the decode-step sweep")
     p.add_argument("--only", choices=["linear", "sweep", "attention", "small"], default=None)
     args = p.parse_args()
     if not sgl_kernel.load():
@@ -190,7 +192,7 @@ def main():
     if args.only in (None, "linear"):
         linear_table(dtypes, args.rows)
     if args.only in (None, "sweep"):
-        decode_sweep_table(dtypes)
+        decode_sweep_table(dtypes, args.sweep_rows)
     if args.only in (None, "attention"):
         attention_table(dtypes)
     if args.only in (None, "small"):
