@@ -97,3 +97,56 @@ def test_packing_skipped_when_copies_exceed_the_memory_budget():
     x = torch.randn(3, 32)
     torch.testing.assert_close(model.a(x), F.linear(x, model.a.weight))
     assert pack_linear_weights(model, max_bytes=need) == 2
+
+
+def test_crossover_search_stops_at_the_first_row_count_where_the_other_path_wins():
+    import time
+
+    from sglang.srt.layers.linear import ReplicatedLinear, _crossover
+
+    mod = ReplicatedLinear(8, 8)
+    mod.weight.data.normal_()
+    other = lambda x, m: time.sleep(0.002)  # noqa: E731
+    small_until_4 = lambda x, m: time.sleep(0.0 if x.shape[0] <= 4 else 0.004)  # noqa: E731
+    assert _crossover([mod], torch.float32, (1, 2, 4, 8, 16), small_until_4, other) == 4
+    # not monotonic: the search ends at the first loss (8), 16 is not tried
+    assert _crossover([mod], torch.float32, (1, 2, 8, 16),
+                      lambda x, m: time.sleep(0.004 if x.shape[0] == 8 else 0.0), other) == 2
+    assert _crossover([mod], torch.float32, (1, 2), lambda x, m: time.sleep(0.004), other) == 0
+
+
+@pytest.mark.parametrize("dtype,quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(monkeypatch, dtype, quantize):
+    from torch import nn
+
+    from sglang.srt.layers import cpu_ops, quantization
+    from sglang.srt.layers.linear import SMALL_M_CANDIDATE_ROWS, ReplicatedLinear, measure_small_m_rows, pack_linear_weights
+
+    if not cpu_ops.available():
+        pytest.skip("sgl-kernel is not built")
+    monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
+    monkeypatch.setitem(cpu_ops._state, "max_rows", {})  # this test's measurement stays in it
+    g = torch.Generator().manual_seed(5)
+    model = nn.Module()
+    model.a, model.b = ReplicatedLinear(256, 384, bias=True), ReplicatedLinear(384, 256)
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    model.to(dtype)
+    if quantize:
+        assert quantization.quantize_linear_weights_int8(model) == 2
+    pack_linear_weights(model)
+    found = measure_small_m_rows(model)
+    assert set(found) == ({dtype, torch.int8} if quantize else {dtype})
+    for kind, rows in found.items():
+        assert rows == 0 or rows in SMALL_M_CANDIDATE_ROWS
+        assert cpu_ops.linear_max_rows(kind) == rows
+    rows = max(found.values())
+    for n in {max(rows, 1), rows + 1}:  # the kernel's side and oneDNN's side of the crossover
+        x = torch.randn(n, 256, generator=g).to(dtype)
+        ref = F.linear(x.double(), model.a.weight.double(), model.a.bias.double())
+        tol = dict(rtol=2e-2, atol=0.5) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-3)
+        if quantize:
+            tol = dict(rtol=5e-2, atol=2.0)  # int8 weights: per-channel rounding
+        torch.testing.assert_close(model.a(x).double(), ref, **tol)
+    monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "3")  # the override: nothing measured
+    assert measure_small_m_rows(model) == {} and cpu_ops.linear_max_rows(dtype) == 3

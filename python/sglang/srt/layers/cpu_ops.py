@@ -3,8 +3,9 @@ library is built and loads, else the layers' own torch expressions.
 
 One decision per process, reported once (`describe()`, logged by the model runner); layers ask
 `enabled(tensor)` before calling an op. `SGLANG_DISABLE_SGL_KERNEL=1` forces the fallbacks.
-Small-M linears (decode) go to `sgl_kernel.linear` up to `linear_max_rows(dtype)` rows; larger
-ones stay on oneDNN (layers/linear.py), which is faster once the GEMM is compute-bound.
+Small-M linears (decode) go to `sgl_kernel.linear` up to `linear_max_rows(dtype)` rows, measured
+per process at load time; larger ones stay on oneDNN (layers/linear.py), which is faster once the
+GEMM is compute-bound.
 """
 
 from __future__ import annotations
@@ -63,22 +64,22 @@ def describe() -> str:
 
 
 def linear_max_rows(dtype: torch.dtype) -> int:
-    """Rows up to which sgl_kernel.linear beats oneDNN here, measured over a decode step's weights
-    read from memory (benchmark/kernels/bench_cpu_ops.py --only sweep); SGLANG_CPU_SMALL_M_LINEAR
-    overrides (0 turns the kernel's linear off)."""
+    """Rows up to which `sgl_kernel.linear` takes a linear with weights of `dtype` (torch.int8:
+    `--quantization w8a16_int8`); beyond them oneDNN does. The model runner measures it on the
+    model's own weights at load time (`linear.measure_small_m_rows`): the crossover differs between
+    machines by up to 8x (benchmark/RESULTS.md). Before a measurement: 1 row, where the kernel has
+    won on every machine measured. SGLANG_CPU_SMALL_M_LINEAR=N overrides both (0 turns it off)."""
     env = os.environ.get("SGLANG_CPU_SMALL_M_LINEAR")
     if env is not None:
         return int(env)
-    if dtype == torch.float32:
-        # AVX-512: 16 rows in 81 ms vs oneDNN's 96 (8: 44 vs 55; 1: 38 vs 50). AVX2 (half the FMA
-        # width, measured before the kernel's prefetch): oneDNN from 2 rows on.
-        if "fp32_rows" not in _state:  # the ISA of the kernels loaded at start
-            _state["fp32_rows"] = 16 if available() and _sgl_kernel.isa() == "avx512" else 1
-        return _state["fp32_rows"]
-    if dtype == torch.bfloat16:
-        # native bf16 oneDNN (AMX): 4 rows 21 vs 31 ms, 8 rows 36 vs 30; without it oneDNN
-        # multiplies an fp32 copy (twice the bytes), 4 rows measured on AVX2.
-        return 4
-    if dtype == torch.int8:  # --quantization w8a16_int8: decode batches
-        return 8
-    return 0
+    if dtype not in _SMALL_M_DTYPES:
+        return 0
+    return _state.get("max_rows", {}).get(dtype, 1)
+
+
+def set_linear_max_rows(dtype: torch.dtype, rows: int) -> None:
+    """Records a measured crossover (see `linear_max_rows`)."""
+    _state.setdefault("max_rows", {})[dtype] = rows
+
+
+_SMALL_M_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
