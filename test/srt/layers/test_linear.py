@@ -125,7 +125,8 @@ def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(
     if not cpu_ops.available():
         pytest.skip("sgl-kernel is not built")
     monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
-    monkeypatch.setitem(cpu_ops._state, "max_rows", {})  # this test's measurement stays in it
+    # a sentinel no measurement gives (and this test's measurement stays in the test)
+    monkeypatch.setitem(cpu_ops._state, "max_rows", {dtype: 99, torch.int8: 99})
     g = torch.Generator().manual_seed(5)
     model = nn.Module()
     model.a, model.b = ReplicatedLinear(256, 384, bias=True), ReplicatedLinear(384, 256)

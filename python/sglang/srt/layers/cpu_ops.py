@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -69,12 +70,18 @@ def linear_max_rows(dtype: torch.dtype) -> int:
     model's own weights at load time (`linear.measure_small_m_rows`): the crossover differs between
     machines by up to 8x (benchmark/RESULTS.md). Before a measurement: 1 row, where the kernel has
     won on every machine measured. SGLANG_CPU_SMALL_M_LINEAR=N overrides both (0 turns it off)."""
-    env = os.environ.get("SGLANG_CPU_SMALL_M_LINEAR")
-    if env is not None:
-        return int(env)
+    fixed = fixed_linear_max_rows()
+    if fixed is not None:
+        return fixed
     if dtype not in _SMALL_M_DTYPES:
         return 0
     return _state.get("max_rows", {}).get(dtype, 1)
+
+
+def fixed_linear_max_rows() -> Optional[int]:
+    """The rows SGLANG_CPU_SMALL_M_LINEAR fixes for every dtype, or None (then they are measured)."""
+    env = os.environ.get("SGLANG_CPU_SMALL_M_LINEAR")
+    return None if env is None else int(env)
 
 
 def set_linear_max_rows(dtype: torch.dtype, rows: int) -> None:

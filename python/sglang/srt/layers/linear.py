@@ -19,7 +19,6 @@ to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized co
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -122,6 +121,14 @@ def _large_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     return F.linear(x, weight, bias)
 
 
+def cpu_linear_modules(model: nn.Module) -> List[nn.Module]:
+    """The modules `linear` multiplies on CPU: those with a `packed_weight` slot (linear layers,
+    the LM head) and a 2-D CPU weight."""
+    return [m for m in model.modules()
+            if hasattr(m, "packed_weight") and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and m.weight.dim() == 2 and m.weight.device.type == "cpu"]
+
+
 def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
     """Gives each module with a `packed_weight` slot a oneDNN-blocked copy of its 2-D weight.
 
@@ -131,9 +138,7 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     """
     if not torch.backends.mkldnn.is_available():
         return 0
-    targets = [m for m in model.modules()
-               if hasattr(m, "packed_weight") and getattr(m, "weight", None) is not None
-               and m.weight.dim() == 2 and m.weight.device.type == "cpu"]
+    targets = cpu_linear_modules(model)
     if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
         return 0
     count = 0
@@ -164,10 +169,9 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
     what `linear` does without it. Empty when sgl-kernel is not in use or
     SGLANG_CPU_SMALL_M_LINEAR fixes the rows.
     """
-    if os.environ.get("SGLANG_CPU_SMALL_M_LINEAR") is not None:
+    if cpu_ops.fixed_linear_max_rows() is not None:
         return {}
-    mods = [m for m in model.modules() if hasattr(m, "packed_weight") and isinstance(m.weight, torch.Tensor)
-            and m.weight.dim() == 2 and cpu_ops.enabled(m.weight)]
+    mods = [m for m in cpu_linear_modules(model) if cpu_ops.enabled(m.weight)]
     if not mods:
         return {}
     dtype = mods[0].weight.dtype

@@ -108,13 +108,12 @@ class ModelRunner:
             logger.info(f"oneDNN-packed {packed} linear weights" if packed else
                         "linear weights not packed (no oneDNN, or the copies would take over half of the "
                         "available memory): using F.linear")
-        if self.device == "cpu" and cpu_ops.available():
-            start = time.perf_counter()
-            rows = measure_small_m_rows(self.model)
-            if rows:
-                logger.info("sgl_kernel.linear up to " + ", ".join(
-                    f"{n} row{'' if n == 1 else 's'} ({str(d).split('.')[1]})" for d, n in rows.items())
-                    + f"; oneDNN beyond (measured on these weights in {time.perf_counter() - start:.1f} s)")
+        start = time.perf_counter()
+        rows = measure_small_m_rows(self.model)  # {} unless CPU with sgl-kernel and no fixed rows
+        if rows:
+            logger.info("sgl_kernel.linear up to " + ", ".join(
+                f"{n} row{'' if n == 1 else 's'} ({str(d).split('.')[1]})" for d, n in rows.items())
+                + f"; oneDNN beyond (measured on these weights in {time.perf_counter() - start:.1f} s)")
         gc.collect()
         after = available_memory_bytes(self.device)
         logger.info(
