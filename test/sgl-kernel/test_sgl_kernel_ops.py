@@ -156,6 +156,7 @@ def _ref_decode(q, k_cache, v_cache, r2t, rows, lens, slot_map, scale, window, c
     (4, 4, 16, [700, 2, 65], 48, 0.0),     # sliding window
     (6, 2, 32, [5, 129], -1, 30.0),        # logit cap
     (2, 1, 8, [1000], -1, 0.0),            # batch 1, long: split-K
+    (8, 2, 24, [45, 1, 64], -1, 0.0),      # head dim not a whole number of vectors; exact blocks
 ])
 def test_decode_attention(isa, dtype, hq, hk, d, lens, window, cap):
     g = torch.Generator().manual_seed(len(lens) * 7 + hq)
@@ -171,6 +172,20 @@ def test_decode_attention(isa, dtype, hq, hk, d, lens, window, cap):
     got = ops.decode_attention(q, k_cache, v_cache, r2t, rows, lens_t, None, d ** -0.5, window, cap)
     want = _ref_decode(q, k_cache, v_cache, r2t, rows, lens_t, None, d ** -0.5, window, cap)
     _close(got, want, dtype, **(dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else {}))
+
+
+@pytest.mark.parametrize("lens", [[70, 3], [1500]])  # one split per (request, kv head) / split-K
+def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
+    g = torch.Generator().manual_seed(5)
+    S, hq, hk, d, dv = 4096, 6, 2, 24, 40
+    k_cache, v_cache = torch.randn(S, hk, d, generator=g), torch.randn(S, hk, dv, generator=g)
+    r2t = torch.randperm(S - 1, generator=g)[: 2 * 1500].view(2, 1500) + 1
+    rows, lens_t = torch.arange(len(lens)), torch.tensor(lens)
+    q = torch.randn(len(lens), hq * d, generator=g)
+    got = ops.decode_attention(q, k_cache, v_cache, r2t, rows, lens_t, None, 0.3, -1, 0.0)
+    assert got.shape == (len(lens), hq * dv)
+    want = _ref_decode(q, k_cache, v_cache, r2t, rows, lens_t, None, 0.3, -1, 0.0)
+    _close(got, want, torch.float32, atol=2e-4, rtol=2e-4)
 
 
 def test_decode_attention_through_a_slot_map(isa):

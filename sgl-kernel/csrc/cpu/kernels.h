@@ -67,6 +67,7 @@ struct DecodeAttnArgs {
     int64_t window;          // > 0: only keys with position > seq_len - 1 - window
     float scale, logit_cap;
     DType dtype;
+    int64_t kv_per_task = 1;  // kv heads per work item (set by run_decode_attention)
 };
 
 #define SGLK_DECLARE_KERNELS(ns)                                                          \

@@ -305,7 +305,8 @@ void rope_t(const RopeArgs& a, int64_t t0, int64_t t1) {
 // query heads of its GQA group and leaves (max, sum, acc) in `partial`; `combine` merges splits.
 constexpr int64_t kMaxGroupDim = 8192;  // query heads per kv head * head dim (checked by ops.cpp)
 constexpr int64_t kMaxDv = 512;
-constexpr int64_t kBlock = 32;          // keys scored per block
+constexpr int64_t kMaxTaskHeads = 256;  // query heads per work item (ops.cpp picks kv_per_task)
+constexpr int64_t kBlock = 16;          // keys scored per block
 
 template <typename T>
 inline float dot_q(const float* q, const T* k, int64_t d) {
@@ -330,72 +331,160 @@ inline void scale_(float* acc, float f, int64_t n) {
     for (; i < n; ++i) acc[i] *= f;
 }
 
+// Slots of the context's keys [j0, j0 + nb) of request row `row` (through the SWA slot map when
+// given); with `prefetch`, the cache lines of their K/V rows for kv heads [kh0, kh0 + nh) are
+// requested too. Called for the next block: slots are scattered over the pool, so the misses overlap
+// with the current block's arithmetic instead of stalling one after another.
 template <typename T>
+inline void block_slots(const DecodeAttnArgs& a, int64_t row, int64_t j0, int64_t nb, int64_t kh0, int64_t nh,
+                        int64_t* slots) {
+    for (int64_t j = 0; j < nb; ++j) {
+        int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
+                                      : a.req_to_token32[row * a.ld_r2t + j0 + j];
+        slots[j] = slot = a.slot_map ? a.slot_map[slot] : slot;
+        const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k_cache) + (slot * a.hk + kh0) * a.d);
+        const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v_cache) + (slot * a.hk + kh0) * a.dv);
+        for (int64_t off = 0; off < nh * a.d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(k + off, 0, 2);
+        for (int64_t off = 0; off < nh * a.dv * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(v + off, 0, 2);
+    }
+}
+
+// One block of keys for the G query heads of a kv head: scores, online-softmax update, acc += p V.
+// Each K and V vector is loaded (and converted) once for all G heads: with the group size known at
+// compile time (GC > 0; dispatched for 1-8) the G partial dot products and the G accumulators of
+// one vector of dv stay in registers over the block. Scores are exponentiated a vector at a time
+// (a block is a whole number of vectors; lanes past `nb` are masked to 0).
+template <typename T, int GC>
+inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* const* kp, const T* const* vp,
+                         int64_t nb, int64_t G_rt, float* acc, float* mx, float* sum) {
+    const int64_t G = GC > 0 ? GC : G_rt, d = a.d, dv = a.dv;
+    alignas(64) float sc[64][kBlock];  // G <= 64 (ops.cpp checks)
+    float alpha[64];
+    for (int64_t j = 0; j < nb; ++j) {
+        if constexpr (GC > 0) {
+            vf part[GC];
+            for (int g = 0; g < GC; ++g) part[g] = vf{};
+            int64_t c = 0;
+            for (; c + VL <= d; c += VL) {
+                const vf kc = vld<T>(kp[j] + c);
+                for (int g = 0; g < GC; ++g) part[g] += vld<float>(qf + g * d + c) * kc;
+            }
+            for (int g = 0; g < GC; ++g) {
+                float s = hsum(part[g]);
+                for (int64_t t = c; t < d; ++t) s += qf[g * d + t] * ld<T>(kp[j], t);
+                sc[g][j] = s;
+            }
+        } else {
+            for (int64_t g = 0; g < G; ++g) sc[g][j] = dot_q<T>(qf + g * d, kp[j], d);
+        }
+        if (a.logit_cap > 0)
+            for (int64_t g = 0; g < G; ++g) sc[g][j] = a.logit_cap * __builtin_tanhf(sc[g][j] / a.logit_cap);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+        float* sg = sc[g];
+        for (int64_t j = nb; j < kBlock; ++j) sg[j] = -__builtin_inff();
+        vf bmv = splat(mx[g]);
+        for (int64_t j = 0; j < kBlock; j += VL) {
+            const vf s = vld<float>(sg + j);
+            bmv = s > bmv ? s : bmv;
+        }
+        const float bm = hmax(bmv);
+        alpha[g] = mx[g] == -__builtin_inff() ? 0.0f : __builtin_expf(mx[g] - bm);
+        vf ps{};
+        for (int64_t j = 0; j < kBlock; j += VL) {
+            vf p = vexp(vld<float>(sg + j) - bm);
+            vst<float>(sg + j, p);
+            ps += p;
+        }
+        float psum = hsum(ps);
+        for (int64_t j = nb; j < kBlock; ++j) {  // padding lanes: exp(-inf - bm) is ~1e-38, not 0
+            psum -= sg[j];
+            sg[j] = 0.0f;
+        }
+        sum[g] = sum[g] * alpha[g] + psum;
+        mx[g] = bm;
+    }
+    int64_t c = 0;
+    for (; c + VL <= dv; c += VL) {
+        if constexpr (GC > 0) {
+            vf r[GC];
+            for (int g = 0; g < GC; ++g) r[g] = vld<float>(acc + g * dv + c) * alpha[g];
+            for (int64_t j = 0; j < nb; ++j) {
+                const vf vc = vld<T>(vp[j] + c);
+                for (int g = 0; g < GC; ++g) r[g] += sc[g][j] * vc;
+            }
+            for (int g = 0; g < GC; ++g) vst<float>(acc + g * dv + c, r[g]);
+        } else {
+            for (int64_t g = 0; g < G; ++g) {
+                vf r = vld<float>(acc + g * dv + c) * alpha[g];
+                for (int64_t j = 0; j < nb; ++j) r += sc[g][j] * vld<T>(vp[j] + c);
+                vst<float>(acc + g * dv + c, r);
+            }
+        }
+    }
+    for (; c < dv; ++c)
+        for (int64_t g = 0; g < G; ++g) {
+            float r = acc[g * dv + c] * alpha[g];
+            for (int64_t j = 0; j < nb; ++j) r += sc[g][j] * ld<T>(vp[j], c);
+            acc[g * dv + c] = r;
+        }
+}
+
+// Work item `task` = (request, run of a.kv_per_task kv heads, split). A thread walks a block's
+// slots once for all the run's heads, whose K (and V) rows lie side by side in the pool, so
+// contiguous slots are read as one stream. With one split (a.partial == nullptr) the result goes
+// straight to `out`; otherwise (max, sum, acc) go to `partial` for `combine`.
+template <typename T, int GC>
 void decode_split_t(const DecodeAttnArgs& a, int64_t task0, int64_t task1) {
-    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv;
-    float qf[kMaxGroupDim];
-    float acc[kMaxGroupDim];  // G * dv <= kMaxGroupDim (ops.cpp checks)
-    float mx[64], sum[64];
-    float sc[64][kBlock];
+    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv, H = a.kv_per_task;
+    const int64_t runs = (a.hk + H - 1) / H;
+    alignas(64) float qf[kMaxGroupDim];   // H * G * d <= kMaxGroupDim (ops.cpp picks H)
+    alignas(64) float acc[kMaxGroupDim];  // H * G * dv <= kMaxGroupDim
+    float mx[kMaxTaskHeads], sum[kMaxTaskHeads];
+    int64_t slots[2][kBlock];
+    const T* kp[kBlock];
+    const T* vp[kBlock];
     for (int64_t task = task0; task < task1; ++task) {
         const int64_t sp = task % a.n_split;
-        const int64_t kh = (task / a.n_split) % a.hk;
-        const int64_t b = task / (a.n_split * a.hk);
+        const int64_t kh0 = (task / a.n_split) % runs * H;
+        const int64_t nh = imin_(H, a.hk - kh0), nq = nh * G;
+        const int64_t b = task / (a.n_split * runs);
         const int64_t seq = a.seq_lens[b];
         const int64_t start = a.window > 0 ? imax_(0, seq - a.window) : 0;
         const int64_t lo = start + sp * a.split_len;
         const int64_t hi = imin_(seq, lo + a.split_len);
-        const T* q = static_cast<const T*>(a.q) + b * a.ldq + kh * G * d;
-        for (int64_t i = 0; i < G * d; ++i) qf[i] = ld<T>(q, i) * a.scale;
-        for (int64_t i = 0; i < G * dv; ++i) acc[i] = 0.0f;
-        for (int64_t g = 0; g < G; ++g) { mx[g] = -__builtin_inff(); sum[g] = 0.0f; }
+        const T* q = static_cast<const T*>(a.q) + b * a.ldq + kh0 * G * d;
+        int64_t i = 0;
+        for (; i + VL <= nq * d; i += VL) vst<float>(qf + i, vld<T>(q + i) * a.scale);
+        for (; i < nq * d; ++i) qf[i] = ld<T>(q, i) * a.scale;
+        for (i = 0; i < nq * dv; ++i) acc[i] = 0.0f;
+        for (int64_t h = 0; h < nq; ++h) { mx[h] = -__builtin_inff(); sum[h] = 0.0f; }
         const int64_t row = a.req_pool_indices[b];
-        for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
+        if (lo < hi) block_slots<T>(a, row, lo, imin_(kBlock, hi - lo), kh0, nh, slots[0]);
+        for (int64_t j0 = lo, cur = 0; j0 < hi; j0 += kBlock, cur ^= 1) {
             const int64_t nb = imin_(kBlock, hi - j0);
-            const T* kp[kBlock];
-            const T* vp[kBlock];
-            for (int64_t j = 0; j < nb; ++j) {
-                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
-                                              : a.req_to_token32[row * a.ld_r2t + j0 + j];
-                if (a.slot_map) slot = a.slot_map[slot];
-                kp[j] = static_cast<const T*>(a.k_cache) + (slot * a.hk + kh) * d;
-                vp[j] = static_cast<const T*>(a.v_cache) + (slot * a.hk + kh) * dv;
-            }
-            // Slots are scattered over the pool: ask for every line of the block's K/V rows up
-            // front, so the misses overlap instead of stalling one after another.
-            for (int64_t j = 0; j < nb; ++j) {
-                for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
-                    __builtin_prefetch(reinterpret_cast<const char*>(kp[j]) + off);
-                for (int64_t off = 0; off < dv * static_cast<int64_t>(sizeof(T)); off += 64)
-                    __builtin_prefetch(reinterpret_cast<const char*>(vp[j]) + off);
-            }
-            for (int64_t j = 0; j < nb; ++j)
-                for (int64_t g = 0; g < G; ++g) {
-                    float s = dot_q<T>(qf + g * d, kp[j], d);
-                    if (a.logit_cap > 0) s = a.logit_cap * __builtin_tanhf(s / a.logit_cap);
-                    sc[g][j] = s;
-                }
-            for (int64_t g = 0; g < G; ++g) {
-                float bm = mx[g];
-                for (int64_t j = 0; j < nb; ++j) bm = fmax_(bm, sc[g][j]);
-                const float alpha = mx[g] == -__builtin_inff() ? 0.0f : __builtin_expf(mx[g] - bm);
-                float ps = 0;
+            if (j0 + kBlock < hi) block_slots<T>(a, row, j0 + kBlock, imin_(kBlock, hi - j0 - kBlock), kh0, nh, slots[cur ^ 1]);
+            for (int64_t h = 0; h < nh; ++h) {
                 for (int64_t j = 0; j < nb; ++j) {
-                    sc[g][j] = sexp(sc[g][j] - bm);
-                    ps += sc[g][j];
+                    kp[j] = static_cast<const T*>(a.k_cache) + (slots[cur][j] * a.hk + kh0 + h) * d;
+                    vp[j] = static_cast<const T*>(a.v_cache) + (slots[cur][j] * a.hk + kh0 + h) * dv;
                 }
-                sum[g] = sum[g] * alpha + ps;
-                mx[g] = bm;
-                if (alpha != 1.0f) scale_(acc + g * dv, alpha, dv);
+                attend_block<T, GC>(a, qf + h * G * d, kp, vp, nb, G, acc + h * G * dv, mx + h * G, sum + h * G);
             }
-            for (int64_t j = 0; j < nb; ++j)
-                for (int64_t g = 0; g < G; ++g) axpy<T>(acc + g * dv, sc[g][j], vp[j], dv);
         }
-        for (int64_t g = 0; g < G; ++g) {
-            float* part = a.partial + (((b * a.hq) + kh * G + g) * a.n_split + sp) * (dv + 2);
-            part[0] = mx[g];
-            part[1] = sum[g];
-            for (int64_t i = 0; i < dv; ++i) part[2 + i] = acc[g * dv + i];
+        if (a.partial == nullptr) {  // one split: normalise into out
+            T* out = static_cast<T*>(a.out) + (b * a.hq + kh0 * G) * dv;
+            for (int64_t h = 0; h < nq; ++h) {
+                const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
+                for (int64_t c = 0; c < dv; ++c) st<T>(out + h * dv, c, acc[h * dv + c] * inv);
+            }
+            continue;
+        }
+        for (int64_t h = 0; h < nq; ++h) {
+            float* part = a.partial + ((b * a.hq + kh0 * G + h) * a.n_split + sp) * (dv + 2);
+            part[0] = mx[h];
+            part[1] = sum[h];
+            for (int64_t c = 0; c < dv; ++c) part[2 + c] = acc[h * dv + c];
         }
     }
 }
@@ -448,9 +537,24 @@ void rope(const RopeArgs& a, int64_t t0, int64_t t1) {
     else rope_t<bf16_t>(a, t0, t1);
 }
 
+template <typename T>
+void decode_split_g(const DecodeAttnArgs& a, int64_t t0, int64_t t1) {  // the group size as a constant
+    switch (a.hq / a.hk) {
+        case 1: decode_split_t<T, 1>(a, t0, t1); break;
+        case 2: decode_split_t<T, 2>(a, t0, t1); break;
+        case 3: decode_split_t<T, 3>(a, t0, t1); break;
+        case 4: decode_split_t<T, 4>(a, t0, t1); break;
+        case 5: decode_split_t<T, 5>(a, t0, t1); break;
+        case 6: decode_split_t<T, 6>(a, t0, t1); break;
+        case 7: decode_split_t<T, 7>(a, t0, t1); break;
+        case 8: decode_split_t<T, 8>(a, t0, t1); break;
+        default: decode_split_t<T, 0>(a, t0, t1);
+    }
+}
+
 void decode_attention_split(const DecodeAttnArgs& a, int64_t t0, int64_t t1) {
-    if (a.dtype == DType::F32) decode_split_t<float>(a, t0, t1);
-    else decode_split_t<bf16_t>(a, t0, t1);
+    if (a.dtype == DType::F32) decode_split_g<float>(a, t0, t1);
+    else decode_split_g<bf16_t>(a, t0, t1);
 }
 
 void decode_attention_combine(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {

@@ -156,17 +156,26 @@ void run_rope(const RopeArgs& a, int64_t T) {
 
 void run_decode_attention(DecodeAttnArgs a, int64_t longest) {
     // Split long contexts so that every thread has work even at batch 1 (split-K).
+    // A work item takes as many kv heads as its scratch holds (all of them for most models), so a
+    // thread reads each slot's K/V rows for those heads in one go.
     const int64_t threads = at::get_num_threads();
-    const int64_t items = a.B * a.hk;
+    const int64_t G = a.hq / a.hk;
+    a.kv_per_task = std::max<int64_t>(1, std::min<int64_t>({a.hk, 8192 / (G * std::max(a.d, a.dv)), 256 / G}));
+    const int64_t items = a.B * ((a.hk + a.kv_per_task - 1) / a.kv_per_task);
     int64_t n_split = std::max<int64_t>(1, std::min<int64_t>((4 * threads + items - 1) / items, (longest + 255) / 256));
     int64_t split_len = (longest + n_split - 1) / n_split;
     split_len = (split_len + 31) / 32 * 32;
     n_split = (longest + split_len - 1) / split_len;
-    at::Tensor partial = at::empty({a.B * a.hq * n_split * (a.dv + 2)}, at::TensorOptions().dtype(at::kFloat));
-    a.partial = partial.data_ptr<float>();
     a.n_split = n_split;
     a.split_len = split_len;
     const auto& kt = kernels();
+    if (n_split == 1) {  // the split kernel normalises into out itself
+        a.partial = nullptr;
+        at::parallel_for(0, items, 1, [&](int64_t t0, int64_t t1) { kt.decode_split(a, t0, t1); });
+        return;
+    }
+    at::Tensor partial = at::empty({a.B * a.hq * n_split * (a.dv + 2)}, at::TensorOptions().dtype(at::kFloat));
+    a.partial = partial.data_ptr<float>();
     at::parallel_for(0, items * n_split, 1, [&](int64_t t0, int64_t t1) { kt.decode_split(a, t0, t1); });
     at::parallel_for(0, a.B * a.hq, 16, [&](int64_t r0, int64_t r1) { kt.decode_combine(a, r0, r1); });
 }
