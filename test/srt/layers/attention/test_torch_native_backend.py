@@ -2,13 +2,15 @@
 K/V history: ragged extends on top of cached prefixes, batched decode, GQA, sliding windows
 (HF convention: key position > query position - window), logit cap, paged pools."""
 
+import contextlib
 import math
 
 import pytest
 import torch
 
 from sglang.srt.layers.attention.registry import create_attention_backend
-from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers import cpu_ops
+from sglang.srt.layers.attention.torch_native_backend import EXTEND_KERNEL_MAX_TOKENS, TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -97,6 +99,44 @@ def test_extend_on_prefix_then_decode(page_size, window):
                              ([0, 30, 2], False), ([1, 1, 1], True)]:
         out, ref, *_ = st.step(new_lens, decode=decode)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [-1, 5])
+def test_extend_mixing_short_and_long_requests(window):
+    """With sgl-kernel, requests of <= EXTEND_KERNEL_MAX_TOKENS new tokens run in place in one
+    decode_attention call and longer ones through SDPA, in the same layer call."""
+    st = Setup(1, 3, layer_window=window)
+    st.step([5, 1, 9])
+    n_long = EXTEND_KERNEL_MAX_TOKENS + 20
+    out, ref, *_ = st.step([3, n_long, 0])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    plan = st.backend._extend_kernel_plan()
+    if cpu_ops.available():
+        assert plan.sdpa_requests == [1] and plan.tokens.tolist() == [0, 1, 2]
+        assert plan.lens.tolist() == [6, 7, 8]  # prefix 5: positions 5..7 see 6..8 keys
+    with cpu_ops.torch_fallbacks():  # the same step on the SDPA path alone
+        st2 = Setup(1, 3, layer_window=window)
+        st2.step([5, 1, 9])
+        out2, ref2, *_ = st2.step([3, n_long, 0])
+    torch.testing.assert_close(out2, ref2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, out2, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="sgl-kernel not built")
+def test_extend_in_place_bf16_matches_sdpa():
+    torch.manual_seed(0)
+    outs = []
+    for fallback in (False, True):
+        st = Setup(16, 2)
+        st.kv_pool = MHATokenToKVPool(1024, 16, torch.bfloat16, HKV, D, layer_ids=[0, 3])
+        st.alloc = TokenToKVPoolAllocator(1024, 16, st.kv_pool)
+        st._rand = lambda *shape: torch.randn(*shape, generator=st.gen).bfloat16()
+        ctx = cpu_ops.torch_fallbacks() if fallback else contextlib.nullcontext()
+        with ctx:
+            out, ref, *_ = st.step([17, 40])
+        outs.append(out)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
 
 
 def test_new_kv_written_to_pool_at_out_cache_loc():
