@@ -188,6 +188,58 @@ def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
     _close(got, want, torch.float32, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hk,d,dv,prefix,extend,window,cap", [
+    (1, 1, 8, 8, [0], [1], -1, 0.0),
+    (9, 3, 64, 64, [0, 40, 0], [37, 5, 1], -1, 0.0),   # GQA; a cached prefix; a 1-token extend
+    (4, 4, 16, 16, [300, 0], [20, 90], 48, 0.0),       # sliding window over prefix and new tokens
+    (6, 2, 32, 32, [5, 0], [17, 3], -1, 30.0),         # logit cap
+    (8, 2, 24, 40, [100, 0, 7], [0, 33, 2], -1, 0.0),  # dims not whole vectors, dv != d, empty extend
+])
+def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap):
+    """Each new token is a decode query over its request's slots up to its own position."""
+    g = torch.Generator().manual_seed(sum(extend) + hq)
+    S = 2048
+    k_cache = torch.randn(S, hk, d, generator=g).to(dtype)
+    v_cache = torch.randn(S, hk, dv, generator=g).to(dtype)
+    r2t = torch.zeros(5, 600, dtype=torch.int64)
+    rows = torch.tensor([4, 1, 3][: len(extend)])
+    for b, n in enumerate(extend):
+        r2t[rows[b], : prefix[b] + n] = torch.randperm(S - 1, generator=g)[: prefix[b] + n] + 1
+    T = sum(extend)
+    q = torch.randn(T, hq * d, generator=g).to(dtype)
+    got = ops.extend_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(prefix), torch.tensor(extend), None,
+                               d ** -0.5, window, cap)
+    assert got.shape == (T, hq * dv) and got.dtype == dtype
+    tok_rows = torch.cat([torch.full((n,), int(rows[b])) for b, n in enumerate(extend)])
+    tok_lens = torch.cat([torch.arange(prefix[b] + 1, prefix[b] + n + 1) for b, n in enumerate(extend)])
+    want = _ref_decode(q, k_cache, v_cache, r2t, tok_rows, tok_lens, None, d ** -0.5, window, cap)
+    _close(got, want, dtype, **(dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else {}))
+
+
+def test_extend_attention_through_a_slot_map_and_int32_rows(isa):
+    S, hk, d = 256, 2, 16
+    k_cache, v_cache = torch.randn(S, hk, d), torch.randn(S, hk, d)
+    slot_map = torch.randperm(S)
+    r2t = torch.arange(200, dtype=torch.int32).view(2, 100)
+    q = torch.randn(30, 4 * d)
+    prefix, extend = torch.tensor([50, 10]), torch.tensor([25, 5])
+    got = ops.extend_attention(q, k_cache, v_cache, r2t, torch.tensor([1, 0]), prefix, extend, slot_map, 0.25, 12, 0.0)
+    tok_rows = torch.tensor([1] * 25 + [0] * 5)
+    tok_lens = torch.cat([torch.arange(51, 76), torch.arange(11, 16)])
+    want = _ref_decode(q, k_cache, v_cache, r2t, tok_rows, tok_lens, slot_map, 0.25, 12, 0.0)
+    _close(got, want, torch.float32, atol=1e-5, rtol=1e-5)
+
+
+def test_extend_attention_refuses_bad_lengths(isa):
+    args = (torch.randn(4, 8), torch.randn(8, 1, 8), torch.randn(8, 1, 8), torch.zeros(1, 6, dtype=torch.int64),
+            torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="outside req_to_token"):
+        ops.extend_attention(*args, torch.tensor([3]), torch.tensor([4]), None, 1.0, -1, 0.0)
+    with pytest.raises(RuntimeError, match="add up to 3, q has 4 rows"):
+        ops.extend_attention(*args, torch.tensor([0]), torch.tensor([3]), None, 1.0, -1, 0.0)
+
+
 def test_decode_attention_through_a_slot_map(isa):
     S, hk, d = 64, 2, 16
     k_cache, v_cache = torch.randn(S, hk, d), torch.randn(S, hk, d)

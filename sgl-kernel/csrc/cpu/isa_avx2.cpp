@@ -8,5 +8,6 @@ namespace avx2 {
 #define SGLK_VEC_BYTES 32  // the vector width the kernels are written for
 constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
+#include "attention_impl.h"
 }  // namespace avx2
 }  // namespace sglk

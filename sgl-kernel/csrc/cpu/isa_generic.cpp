@@ -8,5 +8,6 @@ namespace generic {
 #define SGLK_VEC_BYTES 16  // the vector width the kernels are written for
 constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
+#include "attention_impl.h"
 }  // namespace generic
 }  // namespace sglk

@@ -70,6 +70,28 @@ struct DecodeAttnArgs {
     int64_t kv_per_task = 1;  // kv heads per work item (set by run_decode_attention)
 };
 
+// New tokens of a batch of extends over their requests' pool slots (queries rows of q; request r's
+// tokens are q rows starts[r] .. starts[r] + extend_lens[r], at positions prefix_lens[r] + t).
+struct ExtendAttnArgs {
+    const void* q;             // [T, hq, d] (row stride ldq per token)
+    const void* k_cache;       // [S, hk, d]
+    const void* v_cache;       // [S, hk, dv]
+    void* out;                 // [T, hq, dv] contiguous
+    const int64_t* req_to_token;    // [R, ld_r2t] (int64) or nullptr
+    const int32_t* req_to_token32;  // [R, ld_r2t] (int32) or nullptr
+    int64_t ld_r2t;
+    const int64_t* rows;         // per request: its req_to_token row,
+    const int64_t* prefix_lens;  // its cached prefix,
+    const int64_t* extend_lens;  // its new tokens,
+    const int64_t* starts;       // and the q row of its first new token
+    const int64_t* slot_map;     // full -> SWA slot translation, or nullptr
+    const int64_t* tasks;        // [n_tasks, 3]: request, kv head, first lane (lane = t * G + g)
+    int64_t hq, hk, d, dv, ldq;
+    int64_t window;              // > 0: only keys with position > query position - window
+    float scale, logit_cap;
+    DType dtype;
+};
+
 #define SGLK_DECLARE_KERNELS(ns)                                                          \
     namespace ns {                                                                        \
     void linear(const LinearArgs& a, int64_t n_begin, int64_t n_end);                     \
@@ -81,6 +103,8 @@ struct DecodeAttnArgs {
                                 int64_t task_end);                                        \
     void decode_attention_combine(const DecodeAttnArgs& a, int64_t row_begin,             \
                                   int64_t row_end);                                       \
+    void extend_attention(const ExtendAttnArgs& a, int64_t task_begin, int64_t task_end); \
+    int vector_lanes();                                                                   \
     }
 
 SGLK_DECLARE_KERNELS(generic)

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <algorithm>
+#include <vector>
 
 #include "ops_common.h"
 
@@ -18,7 +20,8 @@ namespace {
 
 #define SGLK_TABLE(ns) \
     Kernels { #ns, &ns::linear, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
-              &ns::decode_attention_split, &ns::decode_attention_combine }
+              &ns::decode_attention_split, &ns::decode_attention_combine, &ns::extend_attention, \
+              &ns::vector_lanes }
 
 bool cpu_has_avx512() {
     __builtin_cpu_init();
@@ -322,6 +325,85 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     return out;
 }
 
+// Extend attention in place over the pool: the new tokens of R requests (q rows, request after
+// request) attend causally to their request's slots req_to_token[rows[r], :prefix_lens[r] + t + 1]
+// (the last `window` only when window > 0; through slot_map when given), i.e. what the torch
+// backend computes with SDPA after gathering the cached prefix. The new tokens' K/V must already
+// be in the pool. q [T, hq * d] -> [T, hq * dv].
+at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& req_to_token, const at::Tensor& rows, const at::Tensor& prefix_lens,
+                            const at::Tensor& extend_lens, const c10::optional<at::Tensor>& slot_map, double scale,
+                            int64_t window, double logit_cap) {
+    const char* op = "sgl_kernel.extend_attention";
+    check_cpu(q, "q");
+    const DType dt = dtype_of(q, "q");
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), op,
+                ": q and the KV cache must have one dtype");
+    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), op,
+                ": caches must be dense [slots, kv_heads, dim]");
+    const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2), T = q.size(0);
+    TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, op, ": q must be [T, hq * d]");
+    const int64_t hq = q.size(1) / d;
+    TORCH_CHECK(hq % hk == 0 && d <= 512 && dv <= 512, op, ": query heads must be a multiple of kv heads, dims <= 512");
+    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
+                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
+                op, ": req_to_token must be int32/int64 [R, L]");
+    at::Tensor rw = rows.to(at::kLong).contiguous(), pl = prefix_lens.to(at::kLong).contiguous(),
+               el = extend_lens.to(at::kLong).contiguous();
+    const int64_t R = rw.numel();
+    TORCH_CHECK(pl.numel() == R && el.numel() == R, op, ": one row, prefix and extend length per request");
+    const int64_t *rp = rw.data_ptr<int64_t>(), *pp = pl.data_ptr<int64_t>(), *ep = el.data_ptr<int64_t>();
+    std::vector<int64_t> starts(R);
+    int64_t total = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        TORCH_CHECK(ep[r] >= 0 && pp[r] >= 0 && pp[r] + ep[r] <= req_to_token.size(1) && rp[r] >= 0 &&
+                        rp[r] < req_to_token.size(0),
+                    op, ": request ", r, " (row ", rp[r], ", ", pp[r], " + ", ep[r], " tokens) is outside req_to_token");
+        starts[r] = total;
+        total += ep[r];
+    }
+    TORCH_CHECK(total == T, op, ": the extend lengths add up to ", total, ", q has ", T, " rows");
+    at::Tensor smap;
+    if (slot_map.has_value() && slot_map->defined()) smap = slot_map->to(at::kLong).contiguous();
+    at::Tensor out = at::empty({T, hq * dv}, q.options());
+    if (T == 0) return out;
+    const auto& kt = kernels();
+    const int64_t G = hq / hk, VL = kt.vector_lanes();
+    // Work items (request, kv head, first lane), most keys first, dealt to the threads' chunks in
+    // a snake so that every chunk of at::parallel_for's static split gets a like share of keys.
+    struct Item { int64_t cost, r, kh, lane0; };
+    std::vector<Item> items;
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t lane0 = 0; lane0 < ep[r] * G; lane0 += VL) {
+            const int64_t t_lo = lane0 / G, t_hi = std::min(ep[r] * G, lane0 + VL) / G;
+            const int64_t hi = pp[r] + t_hi, lo = window > 0 ? std::max<int64_t>(0, pp[r] + t_lo + 1 - window) : 0;
+            for (int64_t kh = 0; kh < hk; ++kh) items.push_back({hi - lo + 1, r, kh, lane0});
+        }
+    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+    const int64_t N = static_cast<int64_t>(items.size());
+    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
+    const int64_t chunk = (N + threads - 1) / threads;
+    std::vector<int64_t> tasks(3 * N);
+    std::vector<int64_t> fill(threads, 0);
+    for (int64_t i = 0; i < N; ++i) {
+        const int64_t round = i / threads, k = i % threads;
+        int64_t th = round % 2 == 0 ? k : threads - 1 - k;
+        while (fill[th] >= std::min(chunk, N - th * chunk)) th = (th + 1) % threads;  // the last chunk may be short
+        const int64_t slot = th * chunk + fill[th]++;
+        tasks[3 * slot] = items[i].r;
+        tasks[3 * slot + 1] = items[i].kh;
+        tasks[3 * slot + 2] = items[i].lane0;
+    }
+    ExtendAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                     req_to_token.scalar_type() == at::kLong ? req_to_token.data_ptr<int64_t>() : nullptr,
+                     req_to_token.scalar_type() == at::kInt ? req_to_token.data_ptr<int32_t>() : nullptr,
+                     req_to_token.stride(0), rp, pp, ep, starts.data(), smap.defined() ? smap.data_ptr<int64_t>() : nullptr,
+                     tasks.data(), hq, hk, d, dv, q.stride(0), window, static_cast<float>(scale),
+                     static_cast<float>(logit_cap), dt};
+    at::parallel_for(0, N, 1, [&](int64_t t0, int64_t t1) { kt.extend_attention(a, t0, t1); });
+    return out;
+}
+
 std::string isa() { return kernels().name; }
 
 // Grammar-constrained sampling: in place, logits[b, t] = -inf where bit t of bitmask[b] is 0
@@ -389,6 +471,8 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, "
           "Tensor req_pool_indices, Tensor seq_lens, Tensor? slot_map, float scale, int window, "
           "float logit_cap) -> Tensor");
+    m.def("extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, Tensor rows, "
+          "Tensor prefix_lens, Tensor extend_lens, Tensor? slot_map, float scale, int window, float logit_cap) -> Tensor");
     m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, int vocab_size) -> ()");
 }
 
@@ -399,5 +483,6 @@ TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("silu_and_mul", &sglk::silu_and_mul);
     m.impl("rotary_embedding", &sglk::rotary_embedding);
     m.impl("decode_attention", &sglk::decode_attention);
+    m.impl("extend_attention", &sglk::extend_attention);
     m.impl("apply_token_bitmask_", &sglk::apply_token_bitmask_);
 }

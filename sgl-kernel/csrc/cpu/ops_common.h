@@ -16,6 +16,8 @@ struct Kernels {
     decltype(&generic::rope) rope;
     decltype(&generic::decode_attention_split) decode_split;
     decltype(&generic::decode_attention_combine) decode_combine;
+    decltype(&generic::extend_attention) extend_attention;
+    decltype(&generic::vector_lanes) vector_lanes;
 };
 
 Kernels& kernels();  // the set this CPU runs (or the one use_isa chose)

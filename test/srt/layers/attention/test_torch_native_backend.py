@@ -10,7 +10,7 @@ import torch
 
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops
-from sglang.srt.layers.attention.torch_native_backend import EXTEND_KERNEL_MAX_TOKENS, TorchNativeAttnBackend
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -102,24 +102,18 @@ def test_extend_on_prefix_then_decode(page_size, window):
 
 
 @pytest.mark.parametrize("window", [-1, 5])
-def test_extend_mixing_short_and_long_requests(window):
-    """With sgl-kernel, requests of <= EXTEND_KERNEL_MAX_TOKENS new tokens run in place in one
-    decode_attention call and longer ones through SDPA, in the same layer call."""
-    st = Setup(1, 3, layer_window=window)
-    st.step([5, 1, 9])
-    n_long = EXTEND_KERNEL_MAX_TOKENS + 20
-    out, ref, *_ = st.step([3, n_long, 0])
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    plan = st.backend._extend_kernel_plan()
-    if cpu_ops.available():
-        assert plan.sdpa_requests == [1] and plan.tokens.tolist() == [0, 1, 2]
-        assert plan.lens.tolist() == [6, 7, 8]  # prefix 5: positions 5..7 see 6..8 keys
-    with cpu_ops.torch_fallbacks():  # the same step on the SDPA path alone
-        st2 = Setup(1, 3, layer_window=window)
-        st2.step([5, 1, 9])
-        out2, ref2, *_ = st2.step([3, n_long, 0])
-    torch.testing.assert_close(out2, ref2, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out, out2, atol=1e-5, rtol=1e-5)
+def test_extend_in_place_matches_the_sdpa_path(window):
+    """With sgl-kernel the whole extend batch runs in place (sgl_kernel.extend_attention); the
+    torch fallback runs SDPA per request over the gathered prefix: both match the reference."""
+    outs = []
+    for fallback in (False, True):
+        with cpu_ops.torch_fallbacks() if fallback else contextlib.nullcontext():
+            st = Setup(1, 3, layer_window=window)
+            st.step([5, 1, 9])
+            out, ref, *_ = st.step([3, 150, 0])
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="sgl-kernel not built")

@@ -12,10 +12,9 @@ or its last W positions for a sliding-window layer) are padded to the longest of
 needs padding).
 
 Decode on CPU with sgl-kernel built (layers/cpu_ops.py): `sgl_kernel.decode_attention` reads
-K/V in place through `req_to_token` (and the SWA slot map), split over long contexts. Extend
-there too, for requests with at most EXTEND_KERNEL_MAX_TOKENS new tokens: each new token is one
-query of that kernel over its request's slots up to its own position (the new K/V are saved
-first), all such tokens of the batch in one call; longer extends keep the SDPA path above.
+K/V in place through `req_to_token` (and the SWA slot map), split over long contexts; extend
+with `sgl_kernel.extend_attention`, the whole batch's new tokens in one call over their requests'
+slots (the new K/V are saved first), so a cached prefix is read where it lies, not gathered.
 
 Pools: a plain `MHATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
 in a separate pool addressed by translated slots (`pool.translate_loc_from_full_to_swa`);
@@ -25,7 +24,6 @@ window are never touched. Index tensors are built once per forward and shared by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -33,20 +31,6 @@ import torch.nn.functional as F
 
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-
-# New tokens per request up to which extend attention runs in sgl_kernel.decode_attention (a query
-# at a time, in place); beyond, torch SDPA's blocked kernel is faster (benchmark/RESULTS.md:
-# 64 x 32 tokens 7.4 -> 2.6 ms per layer; 128 tokens about even in fp32, 256 SDPA ahead).
-EXTEND_KERNEL_MAX_TOKENS = 128
-
-
-@dataclass
-class _ExtendPlan:
-    tokens: Optional[torch.Tensor]  # the kernel's tokens (rows of q), None: all of them in order
-    rows: Optional[torch.Tensor]    # req_to_token row per kernel token (None: no kernel tokens)
-    lens: Optional[torch.Tensor]    # visible length (position + 1) per kernel token
-    sdpa_requests: List[int]        # requests left to the per-request SDPA path
 
 
 def is_swa_pool_layer(pool, layer_id: int) -> bool:
@@ -62,7 +46,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._forward_batch = None
         # decode: (window, translate_to_swa) -> (slot indices [B, L], valid mask [B, L], last index [B])
         self._decode_cache: Dict[Tuple[int, bool], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._extend_plan: Optional[_ExtendPlan] = None
+        self._extend_meta: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     # ---- metadata -----------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
@@ -71,7 +55,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._seq_kv_indices = [req_to_token[r, :s] for r, s in zip(rows, forward_batch.seq_lens_cpu)]
         self._forward_batch = forward_batch
         self._decode_cache = {}
-        self._extend_plan = None
+        self._extend_meta = None
 
     def _decode_indices(self, window: int, translate: bool, pool):
         key = (window, translate)
@@ -103,31 +87,20 @@ class TorchNativeAttnBackend(AttentionBackend):
         translate = is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         T = q.shape[0]
+        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1:
+            # In place over the pool (the new K/V were just saved): one call for the whole batch,
+            # no gather of cached prefixes, no mask, no Python loop over requests.
+            rows, prefix_lens, extend_lens = self._extend_lens()
+            return torch.ops.sgl_kernel.extend_attention(
+                q.view(T, -1), k_buf, v_buf, forward_batch.req_to_token_pool.req_to_token, rows, prefix_lens,
+                extend_lens, pool.full_to_swa_index_mapping if translate else None, layer.scaling,
+                layer.sliding_window_size, float(layer.logit_cap or 0.0))
         qh = q.view(T, hq, layer.qk_head_dim)
+        kh = k.view(T, hkv, layer.qk_head_dim).to(q.dtype)
+        vh = v.view(T, hkv, layer.v_head_dim).to(q.dtype)
         out = q.new_empty((T, hq, layer.v_head_dim))
-        in_place = save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1
-        sdpa_requests = range(len(forward_batch.extend_seq_lens_cpu))
-        if in_place:
-            # Short extends: every new token is a query over its request's slots [.., position]
-            # in the pool (the new K/V were just saved), one sgl_kernel.decode_attention call for
-            # all of them; no gather, no mask, no Python loop over requests.
-            plan = self._extend_kernel_plan()
-            if plan.rows is not None:
-                q2 = q.view(T, -1) if plan.tokens is None else q.view(T, -1).index_select(0, plan.tokens)
-                o = torch.ops.sgl_kernel.decode_attention(
-                    q2, k_buf, v_buf, forward_batch.req_to_token_pool.req_to_token, plan.rows, plan.lens,
-                    pool.full_to_swa_index_mapping if translate else None, layer.scaling,
-                    layer.sliding_window_size, float(layer.logit_cap or 0.0))
-                if plan.tokens is None:
-                    out = o.view(T, hq, layer.v_head_dim)
-                else:
-                    out.view(T, -1).index_copy_(0, plan.tokens, o)
-            sdpa_requests = plan.sdpa_requests
-        if sdpa_requests:
-            kh = k.view(T, hkv, layer.qk_head_dim).to(q.dtype)
-            vh = v.view(T, hkv, layer.v_head_dim).to(q.dtype)
-            for i in sdpa_requests:
-                self._extend_one(i, qh, kh, vh, out, layer, pool, k_buf, v_buf, translate)
+        for i in range(len(forward_batch.extend_seq_lens_cpu)):
+            self._extend_one(i, qh, kh, vh, out, layer, pool, k_buf, v_buf, translate)
         return out.reshape(T, hq * layer.v_head_dim)
 
     def _extend_one(self, i, qh, kh, vh, out, layer, pool, k_buf, v_buf, translate) -> None:
@@ -160,30 +133,15 @@ class TorchNativeAttnBackend(AttentionBackend):
                                          vals.transpose(0, 1).unsqueeze(0),
                                          mask, layer)[0].transpose(0, 1)
 
-    def _extend_kernel_plan(self) -> "_ExtendPlan":
-        """Which of this batch's extend tokens go to the in-place kernel (those of requests with
-        at most EXTEND_KERNEL_MAX_TOKENS new tokens: a query-at-a-time kernel loses to SDPA's
-        blocked one on long prompts) and their (row, visible length); built once per forward."""
-        if self._extend_plan is None:
+    def _extend_lens(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(req_to_token row, cached prefix, new tokens) per request, built once per forward."""
+        if self._extend_meta is None:
             fb = self._forward_batch
-            rows_cpu = fb.req_pool_indices.tolist()
-            tokens, rows, lens, sdpa = [], [], [], []
-            for i, (start, n, prefix) in enumerate(zip(fb.extend_start_loc_cpu, fb.extend_seq_lens_cpu,
-                                                       fb.extend_prefix_lens_cpu)):
-                if n > EXTEND_KERNEL_MAX_TOKENS:
-                    sdpa.append(i)
-                    continue
-                tokens.extend(range(start, start + n))
-                rows.extend([rows_cpu[i]] * n)
-                lens.extend(range(prefix + 1, prefix + n + 1))
             dev = fb.req_pool_indices.device
-            whole = not sdpa and tokens == list(range(len(tokens)))
-            self._extend_plan = _ExtendPlan(
-                tokens=None if whole else torch.tensor(tokens, dtype=torch.int64, device=dev),
-                rows=torch.tensor(rows, dtype=torch.int64, device=dev) if rows else None,
-                lens=torch.tensor(lens, dtype=torch.int64, device=dev) if rows else None,
-                sdpa_requests=sdpa)
-        return self._extend_plan
+            self._extend_meta = (fb.req_pool_indices.to(torch.int64),
+                                 torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64, device=dev),
+                                 torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64, device=dev))
+        return self._extend_meta
 
     # ---- decode -------------------------------------------------------------------------
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:

@@ -1,0 +1,347 @@
+// The attention kernels' bodies (paged decode and extend attention over the KV pool), included
+// once per ISA by isa_*.cpp right after kernels_impl.h, whose vector helpers they use.
+
+namespace {
+
+// ---- paged decode attention: one query per request, K/V read in place from the pool ------------
+// Work item = (request, kv head, split of the context); each keeps an online softmax for the
+// query heads of its GQA group and leaves (max, sum, acc) in `partial`; `combine` merges splits.
+constexpr int64_t kMaxGroupDim = 8192;  // query heads per kv head * head dim (checked by ops.cpp)
+constexpr int64_t kMaxDv = 512;
+constexpr int64_t kMaxTaskHeads = 256;  // query heads per work item (ops.cpp picks kv_per_task)
+constexpr int64_t kBlock = 16;          // keys scored per block
+
+template <typename T>
+inline float dot_q(const float* q, const T* k, int64_t d) {
+    vf acc{};
+    int64_t i = 0;
+    for (; i + VL <= d; i += VL) acc += vld<float>(q + i) * vld<T>(k + i);
+    float s = hsum(acc);
+    for (; i < d; ++i) s += q[i] * ld<T>(k, i);
+    return s;
+}
+
+template <typename T>
+inline void axpy(float* acc, float p, const T* v, int64_t n) {  // acc += p * v
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vst<float>(acc + i, vld<float>(acc + i) + p * vld<T>(v + i));
+    for (; i < n; ++i) acc[i] += p * ld<T>(v, i);
+}
+
+inline void scale_(float* acc, float f, int64_t n) {
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vst<float>(acc + i, vld<float>(acc + i) * f);
+    for (; i < n; ++i) acc[i] *= f;
+}
+
+// Slots of the context's keys [j0, j0 + nb) of request row `row` (through the SWA slot map when
+// given); with `prefetch`, the cache lines of their K/V rows for kv heads [kh0, kh0 + nh) are
+// requested too. Called for the next block: slots are scattered over the pool, so the misses overlap
+// with the current block's arithmetic instead of stalling one after another.
+template <typename T>
+inline void block_slots(const DecodeAttnArgs& a, int64_t row, int64_t j0, int64_t nb, int64_t kh0, int64_t nh,
+                        int64_t* slots) {
+    for (int64_t j = 0; j < nb; ++j) {
+        int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
+                                      : a.req_to_token32[row * a.ld_r2t + j0 + j];
+        slots[j] = slot = a.slot_map ? a.slot_map[slot] : slot;
+        const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k_cache) + (slot * a.hk + kh0) * a.d);
+        const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v_cache) + (slot * a.hk + kh0) * a.dv);
+        for (int64_t off = 0; off < nh * a.d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(k + off, 0, 2);
+        for (int64_t off = 0; off < nh * a.dv * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(v + off, 0, 2);
+    }
+}
+
+// One block of keys for the G query heads of a kv head: scores, online-softmax update, acc += p V.
+// Each K and V vector is loaded (and converted) once for all G heads: with the group size known at
+// compile time (GC > 0; dispatched for 1-8) the G partial dot products and the G accumulators of
+// one vector of dv stay in registers over the block. Scores are exponentiated a vector at a time
+// (a block is a whole number of vectors; lanes past `nb` are masked to 0).
+template <typename T, int GC>
+inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* const* kp, const T* const* vp,
+                         int64_t nb, int64_t G_rt, float* acc, float* mx, float* sum) {
+    const int64_t G = GC > 0 ? GC : G_rt, d = a.d, dv = a.dv;
+    alignas(64) float sc[64][kBlock];  // G <= 64 (ops.cpp checks)
+    float alpha[64];
+    for (int64_t j = 0; j < nb; ++j) {
+        if constexpr (GC > 0) {
+            vf part[GC];
+            for (int g = 0; g < GC; ++g) part[g] = vf{};
+            int64_t c = 0;
+            for (; c + VL <= d; c += VL) {
+                const vf kc = vld<T>(kp[j] + c);
+                for (int g = 0; g < GC; ++g) part[g] += vld<float>(qf + g * d + c) * kc;
+            }
+            for (int g = 0; g < GC; ++g) {
+                float s = hsum(part[g]);
+                for (int64_t t = c; t < d; ++t) s += qf[g * d + t] * ld<T>(kp[j], t);
+                sc[g][j] = s;
+            }
+        } else {
+            for (int64_t g = 0; g < G; ++g) sc[g][j] = dot_q<T>(qf + g * d, kp[j], d);
+        }
+        if (a.logit_cap > 0)
+            for (int64_t g = 0; g < G; ++g) sc[g][j] = a.logit_cap * __builtin_tanhf(sc[g][j] / a.logit_cap);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+        float* sg = sc[g];
+        for (int64_t j = nb; j < kBlock; ++j) sg[j] = -__builtin_inff();
+        vf bmv = splat(mx[g]);
+        for (int64_t j = 0; j < kBlock; j += VL) {
+            const vf s = vld<float>(sg + j);
+            bmv = s > bmv ? s : bmv;
+        }
+        const float bm = hmax(bmv);
+        alpha[g] = mx[g] == -__builtin_inff() ? 0.0f : __builtin_expf(mx[g] - bm);
+        vf ps{};
+        for (int64_t j = 0; j < kBlock; j += VL) {
+            vf p = vexp(vld<float>(sg + j) - bm);
+            vst<float>(sg + j, p);
+            ps += p;
+        }
+        float psum = hsum(ps);
+        for (int64_t j = nb; j < kBlock; ++j) {  // padding lanes: exp(-inf - bm) is ~1e-38, not 0
+            psum -= sg[j];
+            sg[j] = 0.0f;
+        }
+        sum[g] = sum[g] * alpha[g] + psum;
+        mx[g] = bm;
+    }
+    int64_t c = 0;
+    for (; c + VL <= dv; c += VL) {
+        if constexpr (GC > 0) {
+            vf r[GC];
+            for (int g = 0; g < GC; ++g) r[g] = vld<float>(acc + g * dv + c) * alpha[g];
+            for (int64_t j = 0; j < nb; ++j) {
+                const vf vc = vld<T>(vp[j] + c);
+                for (int g = 0; g < GC; ++g) r[g] += sc[g][j] * vc;
+            }
+            for (int g = 0; g < GC; ++g) vst<float>(acc + g * dv + c, r[g]);
+        } else {
+            for (int64_t g = 0; g < G; ++g) {
+                vf r = vld<float>(acc + g * dv + c) * alpha[g];
+                for (int64_t j = 0; j < nb; ++j) r += sc[g][j] * vld<T>(vp[j] + c);
+                vst<float>(acc + g * dv + c, r);
+            }
+        }
+    }
+    for (; c < dv; ++c)
+        for (int64_t g = 0; g < G; ++g) {
+            float r = acc[g * dv + c] * alpha[g];
+            for (int64_t j = 0; j < nb; ++j) r += sc[g][j] * ld<T>(vp[j], c);
+            acc[g * dv + c] = r;
+        }
+}
+
+// Work item `task` = (request, run of a.kv_per_task kv heads, split). A thread walks a block's
+// slots once for all the run's heads, whose K (and V) rows lie side by side in the pool, so
+// contiguous slots are read as one stream. With one split (a.partial == nullptr) the result goes
+// straight to `out`; otherwise (max, sum, acc) go to `partial` for `combine`.
+template <typename T, int GC>
+void decode_split_t(const DecodeAttnArgs& a, int64_t task0, int64_t task1) {
+    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv, H = a.kv_per_task;
+    const int64_t runs = (a.hk + H - 1) / H;
+    alignas(64) float qf[kMaxGroupDim];   // H * G * d <= kMaxGroupDim (ops.cpp picks H)
+    alignas(64) float acc[kMaxGroupDim];  // H * G * dv <= kMaxGroupDim
+    float mx[kMaxTaskHeads], sum[kMaxTaskHeads];
+    int64_t slots[2][kBlock];
+    const T* kp[kBlock];
+    const T* vp[kBlock];
+    for (int64_t task = task0; task < task1; ++task) {
+        const int64_t sp = task % a.n_split;
+        const int64_t kh0 = (task / a.n_split) % runs * H;
+        const int64_t nh = imin_(H, a.hk - kh0), nq = nh * G;
+        const int64_t b = task / (a.n_split * runs);
+        const int64_t seq = a.seq_lens[b];
+        const int64_t start = a.window > 0 ? imax_(0, seq - a.window) : 0;
+        const int64_t lo = start + sp * a.split_len;
+        const int64_t hi = imin_(seq, lo + a.split_len);
+        const T* q = static_cast<const T*>(a.q) + b * a.ldq + kh0 * G * d;
+        int64_t i = 0;
+        for (; i + VL <= nq * d; i += VL) vst<float>(qf + i, vld<T>(q + i) * a.scale);
+        for (; i < nq * d; ++i) qf[i] = ld<T>(q, i) * a.scale;
+        for (i = 0; i < nq * dv; ++i) acc[i] = 0.0f;
+        for (int64_t h = 0; h < nq; ++h) { mx[h] = -__builtin_inff(); sum[h] = 0.0f; }
+        const int64_t row = a.req_pool_indices[b];
+        if (lo < hi) block_slots<T>(a, row, lo, imin_(kBlock, hi - lo), kh0, nh, slots[0]);
+        for (int64_t j0 = lo, cur = 0; j0 < hi; j0 += kBlock, cur ^= 1) {
+            const int64_t nb = imin_(kBlock, hi - j0);
+            if (j0 + kBlock < hi) block_slots<T>(a, row, j0 + kBlock, imin_(kBlock, hi - j0 - kBlock), kh0, nh, slots[cur ^ 1]);
+            for (int64_t h = 0; h < nh; ++h) {
+                for (int64_t j = 0; j < nb; ++j) {
+                    kp[j] = static_cast<const T*>(a.k_cache) + (slots[cur][j] * a.hk + kh0 + h) * d;
+                    vp[j] = static_cast<const T*>(a.v_cache) + (slots[cur][j] * a.hk + kh0 + h) * dv;
+                }
+                attend_block<T, GC>(a, qf + h * G * d, kp, vp, nb, G, acc + h * G * dv, mx + h * G, sum + h * G);
+            }
+        }
+        if (a.partial == nullptr) {  // one split: normalise into out
+            T* out = static_cast<T*>(a.out) + (b * a.hq + kh0 * G) * dv;
+            for (int64_t h = 0; h < nq; ++h) {
+                const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
+                for (int64_t c = 0; c < dv; ++c) st<T>(out + h * dv, c, acc[h * dv + c] * inv);
+            }
+            continue;
+        }
+        for (int64_t h = 0; h < nq; ++h) {
+            float* part = a.partial + ((b * a.hq + kh0 * G + h) * a.n_split + sp) * (dv + 2);
+            part[0] = mx[h];
+            part[1] = sum[h];
+            for (int64_t c = 0; c < dv; ++c) part[2 + c] = acc[h * dv + c];
+        }
+    }
+}
+
+template <typename T>
+void decode_combine_t(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {  // rows = b * hq + h
+    const int64_t dv = a.dv, ns = a.n_split;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float* part = a.partial + r * ns * (dv + 2);
+        float m = -__builtin_inff();
+        for (int64_t s = 0; s < ns; ++s) m = fmax_(m, part[s * (dv + 2)]);
+        float o[kMaxDv];
+        for (int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+        float l = 0;
+        for (int64_t s = 0; s < ns; ++s) {
+            const float* p = part + s * (dv + 2);
+            if (p[1] == 0.0f) continue;  // an empty split
+            const float f = __builtin_expf(p[0] - m);
+            l += p[1] * f;
+            axpy<float>(o, f, p + 2, dv);
+        }
+        const float inv = l > 0 ? 1.0f / l : 0.0f;
+        T* out = static_cast<T*>(a.out) + r * dv;
+        for (int64_t i = 0; i < dv; ++i) st<T>(out, i, o[i] * inv);
+    }
+}
+
+// ---- paged extend attention: a batch's new tokens over their requests' slots, in place --------
+// Work item = VL (query, head) pairs of one request and kv head ("lanes": lane = t * G + g for new
+// token t and query head g of the group), so that a vector holds one score per lane: for each key,
+// scores[lanes] = sum_i K[key][i] * Qt[i][lanes] is d broadcast-FMAs, and acc^T[c][lanes] += V[key][c]
+// * p[lanes] is dv more, with no horizontal sums; the online softmax runs per lane on whole
+// vectors. Each lane masks the keys past its own position (causal) and, with a window, those at
+// or before position - window. K/V rows of a block are converted to fp32 once per item.
+constexpr int64_t kMaxHeadDim = 512;  // d and dv (ops.cpp checks)
+
+template <typename T>
+void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
+    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv;
+    alignas(64) float qt[kMaxHeadDim * VL];   // [d][VL]: the lanes' scaled queries, transposed
+    alignas(64) float acc[kMaxHeadDim * VL];  // [dv][VL]
+    alignas(64) float kf[VL * kMaxHeadDim];   // [VL keys][d] of the current block, fp32
+    alignas(64) float vf_[VL * kMaxHeadDim];  // [VL keys][dv]
+    int64_t slots[VL];
+    for (int64_t task = task0; task < task1; ++task) {
+        const int64_t* tk = a.tasks + 3 * task;
+        const int64_t r = tk[0], kh = tk[1], lane0 = tk[2];
+        const int64_t n = a.extend_lens[r], prefix = a.prefix_lens[r], row = a.rows[r];
+        const int64_t lanes = imin_(VL, n * G - lane0);
+        alignas(64) float posf[VL];
+        int64_t t_lo = lane0 / G, t_hi = (lane0 + lanes - 1) / G;  // the item's new tokens
+        for (int64_t l = 0; l < VL; ++l) {
+            const int64_t lane = lane0 + (l < lanes ? l : lanes - 1);  // idle lanes copy the last one
+            const int64_t t = lane / G, g = lane % G;
+            posf[l] = static_cast<float>(prefix + t);
+            const T* q = static_cast<const T*>(a.q) + (a.starts[r] + t) * a.ldq + (kh * G + g) * d;
+            for (int64_t i = 0; i < d; ++i) qt[i * VL + l] = ld<T>(q, i) * a.scale;
+        }
+        for (int64_t i = 0; i < dv * VL; ++i) acc[i] = 0.0f;
+        const vf pos = vld<float>(posf);
+        vf mx = splat(-__builtin_inff()), sum{};
+        const int64_t hi = prefix + t_hi + 1;
+        const int64_t lo = a.window > 0 ? imax_(0, prefix + t_lo + 1 - a.window) : 0;
+        for (int64_t j0 = lo; j0 < hi; j0 += VL) {
+            const int64_t nb = imin_(VL, hi - j0);
+            for (int64_t j = 0; j < nb; ++j) {
+                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
+                                              : a.req_to_token32[row * a.ld_r2t + j0 + j];
+                slots[j] = a.slot_map ? a.slot_map[slot] : slot;
+            }
+            for (int64_t j = 0; j < nb; ++j) {
+                const T* k = static_cast<const T*>(a.k_cache) + (slots[j] * a.hk + kh) * d;
+                const T* v = static_cast<const T*>(a.v_cache) + (slots[j] * a.hk + kh) * dv;
+                int64_t i = 0;
+                for (; i + VL <= d; i += VL) vst<float>(kf + j * d + i, vld<T>(k + i));
+                for (; i < d; ++i) kf[j * d + i] = ld<T>(k, i);
+                for (i = 0; i + VL <= dv; i += VL) vst<float>(vf_ + j * dv + i, vld<T>(v + i));
+                for (; i < dv; ++i) vf_[j * dv + i] = ld<T>(v, i);
+            }
+            vf sc[VL];
+            for (int64_t j = 0; j < VL; ++j) sc[j] = vf{};
+            for (int64_t i = 0; i < d; ++i) {
+                const vf qi = vld<float>(qt + i * VL);
+                for (int64_t j = 0; j < VL; ++j) sc[j] += kf[j * d + i] * qi;  // rows past nb: unused
+            }
+            vf bm = mx;
+            for (int64_t j = 0; j < nb; ++j) {
+                vf s = sc[j];
+                if (a.logit_cap > 0)
+                    for (int l = 0; l < VL; ++l) s[l] = a.logit_cap * __builtin_tanhf(s[l] / a.logit_cap);
+                const float kp = static_cast<float>(j0 + j);
+                vi hidden = kp > pos;
+                if (a.window > 0) hidden |= kp <= pos - static_cast<float>(a.window);
+                s = hidden ? splat(-__builtin_inff()) : s;
+                sc[j] = s;
+                bm = s > bm ? s : bm;
+            }
+            const vi none = bm == -__builtin_inff();  // lanes with no visible key yet
+            const vf base = none ? vf{} : bm;
+            const vf alpha = mx == -__builtin_inff() ? vf{} : vexp(mx - base);
+            vf ps{};
+            for (int64_t j = 0; j < nb; ++j) {
+                const vi hidden = sc[j] == -__builtin_inff();
+                sc[j] = hidden ? vf{} : vexp(sc[j] - base);
+                ps += sc[j];
+            }
+            sum = sum * alpha + ps;
+            mx = bm;
+            for (int64_t c = 0; c < dv; ++c) {
+                vf o = vld<float>(acc + c * VL) * alpha;
+                for (int64_t j = 0; j < nb; ++j) o += vf_[j * dv + c] * sc[j];
+                vst<float>(acc + c * VL, o);
+            }
+        }
+        alignas(64) float inv[VL];
+        vst<float>(inv, sum > 0.0f ? 1.0f / sum : vf{});
+        for (int64_t l = 0; l < lanes; ++l) {
+            const int64_t lane = lane0 + l, t = lane / G, g = lane % G;
+            T* out = static_cast<T*>(a.out) + ((a.starts[r] + t) * a.hq + kh * G + g) * dv;
+            for (int64_t c = 0; c < dv; ++c) st<T>(out, c, acc[c * VL + l] * inv[l]);
+        }
+    }
+}
+
+}  // namespace
+
+template <typename T>
+void decode_split_g(const DecodeAttnArgs& a, int64_t t0, int64_t t1) {  // the group size as a constant
+    switch (a.hq / a.hk) {
+        case 1: decode_split_t<T, 1>(a, t0, t1); break;
+        case 2: decode_split_t<T, 2>(a, t0, t1); break;
+        case 3: decode_split_t<T, 3>(a, t0, t1); break;
+        case 4: decode_split_t<T, 4>(a, t0, t1); break;
+        case 5: decode_split_t<T, 5>(a, t0, t1); break;
+        case 6: decode_split_t<T, 6>(a, t0, t1); break;
+        case 7: decode_split_t<T, 7>(a, t0, t1); break;
+        case 8: decode_split_t<T, 8>(a, t0, t1); break;
+        default: decode_split_t<T, 0>(a, t0, t1);
+    }
+}
+
+void decode_attention_split(const DecodeAttnArgs& a, int64_t t0, int64_t t1) {
+    if (a.dtype == DType::F32) decode_split_g<float>(a, t0, t1);
+    else decode_split_g<bf16_t>(a, t0, t1);
+}
+
+void decode_attention_combine(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {
+    if (a.dtype == DType::F32) decode_combine_t<float>(a, r0, r1);
+    else decode_combine_t<bf16_t>(a, r0, r1);
+}
+
+void extend_attention(const ExtendAttnArgs& a, int64_t t0, int64_t t1) {
+    if (a.dtype == DType::F32) extend_t<float>(a, t0, t1);
+    else extend_t<bf16_t>(a, t0, t1);
+}
+
+int vector_lanes() { return VL; }  // fp32 lanes: the extend kernel's (query, head) pairs per work item
