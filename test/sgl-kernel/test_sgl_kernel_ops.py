@@ -240,6 +240,19 @@ def test_extend_attention_refuses_bad_lengths(isa):
         ops.extend_attention(*args, torch.tensor([0]), torch.tensor([3]), None, 1.0, -1, 0.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,V", [(1, 1), (3, 7), (2, 16), (5, 100), (16, 49152), (4, 49155)])
+def test_argmax_matches_torch(isa, dtype, B, V):
+    g = torch.Generator().manual_seed(B * V)
+    x = torch.randn(B, V + 3, generator=g).to(dtype)[:, :V]  # rows with a stride
+    x[0, V // 2] = x[0].max()  # a tie: the first index wins
+    if B > 2:
+        x[1, V - 1] = float("nan")  # NaN beats every number
+        x[1, V // 3] = float("nan")  # ... and the first NaN wins
+        x[2] = float("-inf")  # all -inf: 0
+    assert torch.equal(ops.argmax(x), torch.argmax(x, dim=-1))
+
+
 def test_decode_attention_through_a_slot_map(isa):
     S, hk, d = 64, 2, 16
     k_cache, v_cache = torch.randn(S, hk, d), torch.randn(S, hk, d)

@@ -105,6 +105,8 @@ struct ExtendAttnArgs {
                                   int64_t row_end);                                       \
     void extend_attention(const ExtendAttnArgs& a, int64_t task_begin, int64_t task_end); \
     int vector_lanes();                                                                   \
+    void argmax_rows(const void* x, int64_t ld, int64_t V, DType dt, int64_t* out,         \
+                     int64_t row_begin, int64_t row_end);                                 \
     }
 
 SGLK_DECLARE_KERNELS(generic)

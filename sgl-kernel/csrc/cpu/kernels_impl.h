@@ -300,6 +300,49 @@ void rope_t(const RopeArgs& a, int64_t t0, int64_t t1) {
     }
 }
 
+// ---- argmax over rows (greedy sampling), as torch.argmax: first index of the largest value; ----
+// a NaN counts as larger than any number (the first NaN wins); an all -inf row gives 0.
+inline bool argmax_better(float v, int64_t i, float bv, int64_t bi) {
+    const bool vn = v != v, bn = bv != bv;
+    if (vn || bn) return vn && (!bn || i < bi);
+    return v > bv || (v == bv && i < bi);
+}
+
+template <typename T>
+void argmax_t(const void* xv, int64_t ldx, int64_t V, int64_t* out, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const T* x = static_cast<const T*>(xv) + r * ldx;
+        float bv = V > 0 ? ld<T>(x, 0) : 0.0f;
+        int64_t bi = 0, i = 0;
+        if (V >= VL) {
+            alignas(64) float lane_v[VL];
+            alignas(64) int32_t lane_i[VL];
+            for (int l = 0; l < VL; ++l) lane_i[l] = l;
+            vf best = vld<T>(x);
+            vi bidx = *reinterpret_cast<const vi*>(lane_i);
+            vi idx = bidx;
+            for (i = VL; i + VL <= V && i + VL <= 0x7fffffff; i += VL) {
+                idx += VL;
+                const vf v = vld<T>(x + i);
+                const vi take = (v > best) | ((v != v) & (best == best));
+                best = take ? v : best;
+                bidx = take ? idx : bidx;
+            }
+            vst<float>(lane_v, best);
+            *reinterpret_cast<vi*>(lane_i) = bidx;
+            bv = lane_v[0];
+            bi = lane_i[0];
+            for (int l = 1; l < VL; ++l)
+                if (argmax_better(lane_v[l], lane_i[l], bv, bi)) { bv = lane_v[l]; bi = lane_i[l]; }
+        }
+        for (; i < V; ++i) {
+            const float v = ld<T>(x, i);
+            if (argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
+        }
+        out[r] = bi;
+    }
+}
+
 }  // namespace
 
 void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
@@ -323,4 +366,9 @@ void silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, in
 void rope(const RopeArgs& a, int64_t t0, int64_t t1) {
     if (a.dtype == DType::F32) rope_t<float>(a, t0, t1);
     else rope_t<bf16_t>(a, t0, t1);
+}
+
+void argmax_rows(const void* x, int64_t ldx, int64_t V, DType dt, int64_t* out, int64_t r0, int64_t r1) {
+    if (dt == DType::F32) argmax_t<float>(x, ldx, V, out, r0, r1);
+    else argmax_t<bf16_t>(x, ldx, V, out, r0, r1);
 }

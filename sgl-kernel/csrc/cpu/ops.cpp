@@ -21,7 +21,7 @@ namespace {
 #define SGLK_TABLE(ns) \
     Kernels { #ns, &ns::linear, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
               &ns::decode_attention_split, &ns::decode_attention_combine, &ns::extend_attention, \
-              &ns::vector_lanes }
+              &ns::vector_lanes, &ns::argmax_rows }
 
 bool cpu_has_avx512() {
     __builtin_cpu_init();
@@ -404,6 +404,20 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     return out;
 }
 
+// torch.argmax(x, dim=-1) of a [B, V] fp32/bf16 tensor with dense rows, as int64 [B] (the same
+// index: first of the largest value, NaN above all); rows split over the threads.
+at::Tensor argmax(const at::Tensor& x) {
+    check_cpu(x, "x");
+    const DType dt = dtype_of(x, "x");
+    TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) > 0, "sgl_kernel.argmax: x must be [B, V > 0] with dense rows");
+    const int64_t B = x.size(0), V = x.size(1);
+    at::Tensor out = at::empty({B}, x.options().dtype(at::kLong));
+    const auto& kt = kernels();
+    int64_t* o = out.data_ptr<int64_t>();
+    at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) { kt.argmax_rows(x.data_ptr(), x.stride(0), V, dt, o, r0, r1); });
+    return out;
+}
+
 std::string isa() { return kernels().name; }
 
 // Grammar-constrained sampling: in place, logits[b, t] = -inf where bit t of bitmask[b] is 0
@@ -473,6 +487,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
           "float logit_cap) -> Tensor");
     m.def("extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, Tensor rows, "
           "Tensor prefix_lens, Tensor extend_lens, Tensor? slot_map, float scale, int window, float logit_cap) -> Tensor");
+    m.def("argmax(Tensor x) -> Tensor");
     m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, int vocab_size) -> ()");
 }
 
@@ -484,5 +499,6 @@ TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("rotary_embedding", &sglk::rotary_embedding);
     m.impl("decode_attention", &sglk::decode_attention);
     m.impl("extend_attention", &sglk::extend_attention);
+    m.impl("argmax", &sglk::argmax);
     m.impl("apply_token_bitmask_", &sglk::apply_token_bitmask_);
 }

@@ -18,6 +18,7 @@ struct Kernels {
     decltype(&generic::decode_attention_combine) decode_combine;
     decltype(&generic::extend_attention) extend_attention;
     decltype(&generic::vector_lanes) vector_lanes;
+    decltype(&generic::argmax_rows) argmax_rows;
 };
 
 Kernels& kernels();  // the set this CPU runs (or the one use_isa chose)

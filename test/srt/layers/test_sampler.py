@@ -57,6 +57,22 @@ def test_all_greedy_is_exact_argmax_of_penalized_logits():
     assert torch.equal(logits, torch.randn(8, V))
 
 
+@pytest.mark.parametrize("vocab", [V, 49152])
+def test_greedy_without_penalties_is_torch_argmax_and_leaves_logits(vocab):
+    """The plain greedy path: no copy of the logits (nothing is written to them) and, on CPU,
+    sgl_kernel's argmax, which must pick torch.argmax's index (ties: the first)."""
+    torch.manual_seed(1)
+    logits = torch.randn(16, vocab)
+    logits[3, 5] = logits[3, 9] = logits[3].max() + 1  # a tie
+    logits[4, :] = float("-inf")
+    before = logits.clone()
+    out, info = _sample(logits, _reqs(16, temperature=0.0))
+    assert info.is_all_greedy and not info.modifies_logits
+    assert torch.equal(out.next_token_ids, torch.argmax(before, dim=-1))
+    assert int(out.next_token_ids[3]) == 5 and int(out.next_token_ids[4]) == 0
+    assert torch.equal(logits, before)
+
+
 def test_top_k_1_and_tiny_top_p_equal_greedy_in_a_sampling_batch():
     torch.manual_seed(1)
     logits = torch.randn(12, V) * 2

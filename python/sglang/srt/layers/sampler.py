@@ -1,8 +1,8 @@
 """Turns a batch's next-token logits into token ids (and logprobs), upstream `layers/sampler.py`.
 
 Order of operations, as upstream's pytorch sampling backend:
-1. penalties / grammar mask / logit_bias (`SamplingBatchInfo.apply_logits_bias`), on an fp32 copy;
-2. all-greedy batch: `torch.argmax` of those logits (so greedy output equals HF's greedy);
+1. penalties / grammar mask / logit_bias (`SamplingBatchInfo.apply_logits_bias`), on an fp32 copy when any apply;
+2. all-greedy batch: the argmax of those logits (`argmax`: torch.argmax's indices, so greedy output equals HF's greedy);
 3. otherwise: divide by temperature, softmax, drop tokens outside top-k, then outside top-p
    (cumulative mass of the *unfiltered* sorted probabilities, as upstream), then below
    `min_p * max_prob`, and sample. Greedy rows (top_k == 1) of a mixed batch take the argmax
@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.layers import cpu_ops
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 _MASK32 = 0xFFFFFFFF
@@ -42,6 +43,14 @@ class SamplerOutput:
     token_ids_logprobs: Optional[List[Optional[TopLogprobs]]] = None  # per request, if asked
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) (the same indices), in sgl_kernel on CPU: torch's takes ~0.1 ms
+    a row of a 49k vocabulary there, 6.6 ms of a batch-64 decode step."""
+    if cpu_ops.enabled(logits) and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[-1] > 0:
+        return torch.ops.sgl_kernel.argmax(logits)
+    return torch.argmax(logits, dim=-1)
+
+
 class Sampler(nn.Module):
     """Stateless sampler; an nn.Module like upstream so model runners can hold it as a layer."""
 
@@ -53,12 +62,13 @@ class Sampler(nn.Module):
         top_logprobs_nums: Optional[Sequence[int]] = None,
         token_ids_logprobs: Optional[Sequence[Optional[Sequence[int]]]] = None,
     ) -> SamplerOutput:
-        logits = logits.to(torch.float32, copy=True)
+        # The caller's logits stay as they are: copied when a bias will be written into them.
+        logits = logits.to(torch.float32, copy=sampling_info.modifies_logits)
         sampling_info.apply_logits_bias(logits)
 
         logprobs = None
         if sampling_info.is_all_greedy:
-            next_ids = torch.argmax(logits, dim=-1)
+            next_ids = argmax(logits)
             if return_logprob:
                 logprobs = torch.log_softmax(logits, dim=-1)
         else:
@@ -66,7 +76,7 @@ class Sampler(nn.Module):
             next_ids = sample_from_logprobs(logprobs, sampling_info)
             greedy = sampling_info.greedy_mask
             if bool(greedy.any()):  # exact argmax, as in an all-greedy batch
-                next_ids = torch.where(greedy, torch.argmax(logits, dim=-1), next_ids)
+                next_ids = torch.where(greedy, argmax(logits), next_ids)
 
         out = SamplerOutput(next_token_ids=next_ids.to(torch.int64))
         if return_logprob:

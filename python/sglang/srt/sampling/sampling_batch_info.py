@@ -74,6 +74,11 @@ class SamplingBatchInfo:
                       self.logit_bias, self.vocab_mask)
         )
 
+    @property
+    def modifies_logits(self) -> bool:
+        """Whether `apply_logits_bias` writes to the logits (the sampler then works on a copy)."""
+        return self.has_penalties or self.apply_custom_logit_processors is not None
+
     @classmethod
     def from_reqs(
         cls,
