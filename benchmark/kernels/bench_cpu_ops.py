@@ -8,7 +8,9 @@ F.linear, for 1-16 rows (per shape, so the weights sit in the cache), then one d
 linears over 30 layers' distinct weights (from DRAM, as in a real step). The crossover row counts are what layers/cpu_ops.py's
 `linear_max_rows` should say. "GB/s" counts the weight bytes read once.
 Decode attention: sgl_kernel.decode_attention in place over the pool vs the torch backend's
-gather + SDPA, at batch 1-64 over 80-2048 tokens, warm and from memory (30 layers' pools). Also RMSNorm(+residual), SiLU*up, RoPE.
+gather + SDPA, at batch 1-64 over 80-2048 tokens, warm and from memory (30 layers' pools).
+Extend attention: sgl_kernel.extend_attention vs the per-request SDPA loop, prompts and a cached
+prefix. Also RMSNorm(+residual), SiLU*up, RoPE, the greedy argmax.
 """
 
 from __future__ import annotations
@@ -146,11 +148,46 @@ def attention_table(dtypes):
             kv_bytes = 2 * B * L * 3 * 64 * k.element_size()
             print(f"| {str(dtype).split('.')[1]} | {B} | {L} | {t_k * 1e6:.0f} | {t_m * 1e6:.0f} | "
                   f"{kv_bytes / t_m / 1e9:.1f} | {t_t * 1e6:.0f} | {t_t / t_k:.2f}x |", flush=True)
-            del pools
+            pools.clear()  # free them before the next shape
+
+
+def extend_table(dtypes):
+    print("\n## Extend attention (9 q heads / 3 kv heads of 64; per layer call, ms)\n")
+    print("torch: the backend's fallback, per request SDPA over the cached prefix gathered from the pool")
+    print("plus the new tokens; sgl_kernel: extend_attention over the pool, the whole batch in one call.\n")
+    print("| dtype | requests x (cached + new tokens) | sgl_kernel ms | torch SDPA loop ms | speed-up |")
+    print("|---|---|---|---|---|")
+    for dtype in dtypes:
+        for B, P, n in ((64, 0, 32), (16, 0, 32), (4, 0, 128), (1, 0, 512), (1, 0, 1024), (16, 1500, 16)):
+            S = B * (P + n) + 1
+            k = torch.randn(S, 3, 64).to(dtype)
+            v = torch.randn(S, 3, 64).to(dtype)
+            r2t = torch.arange(1, S).view(B, P + n)
+            q = torch.randn(B * n, 9 * 64).to(dtype)
+            rows, prefix, extend = torch.arange(B), torch.full((B,), P), torch.full((B,), n)
+            qh = q.view(B * n, 9, 64)
+
+            def torch_path():
+                out = q.new_empty(B * n, 9, 64)
+                for i in range(B):
+                    idx = r2t[i]
+                    keys = k.index_select(0, idx).transpose(0, 1).unsqueeze(0)
+                    vals = v.index_select(0, idx).transpose(0, 1).unsqueeze(0)
+                    qi = qh[i * n:(i + 1) * n].transpose(0, 1).unsqueeze(0)
+                    mask = torch.arange(P + n)[None, :] <= torch.arange(P, P + n)[:, None]
+                    out[i * n:(i + 1) * n] = F.scaled_dot_product_attention(
+                        qi, keys, vals, attn_mask=None if P == 0 else mask, is_causal=P == 0, scale=0.125,
+                        enable_gqa=True)[0].transpose(0, 1)
+                return out
+
+            t_k = bench(lambda: ops.extend_attention(q, k, v, r2t, rows, prefix, extend, None, 0.125, -1, 0.0))
+            t_t = bench(torch_path)
+            print(f"| {str(dtype).split('.')[1]} | {B} x ({P} + {n}) | {t_k * 1e3:.2f} | {t_t * 1e3:.2f} | "
+                  f"{t_t / t_k:.2f}x |", flush=True)
 
 
 def small_ops_table(dtypes):
-    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers import cpu_ops, sampler
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -162,7 +199,7 @@ def small_ops_table(dtypes):
         norm = RMSNorm(576).to(dtype)
         act = SiluAndMul()
         rope = RotaryEmbedding(64, 64, 8192, 10000.0)
-        for m in (1, 16):
+        for m in (1, 16, 64):
             x, r = torch.randn(m, 576).to(dtype), torch.randn(m, 576).to(dtype)
             gu = torch.randn(m, 3072).to(dtype)
             qkv = torch.randn(m, 960).to(dtype)
@@ -170,6 +207,8 @@ def small_ops_table(dtypes):
             pos = torch.randint(0, 8192, (m,))
             cases = {"add+rmsnorm": lambda: norm(x, r), "silu*up": lambda: act(gu),
                      "rope q,k": lambda: rope(pos, q, kk)}
+            logits = torch.randn(m, 49152)
+            cases["argmax (fp32 logits)"] = lambda: sampler.argmax(logits)
             for name, fn in cases.items():
                 t_k = bench(fn)
                 with cpu_ops.torch_fallbacks():
@@ -184,7 +223,7 @@ def main():
     p.add_argument("--isa", default=None, help="generic|avx2|avx512 (default: the best this CPU runs)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--sweep-rows", type=int, nargs="+", default=[1], help="batch rows of the decode-step sweep")
-    p.add_argument("--only", choices=["linear", "sweep", "attention", "small"], default=None)
+    p.add_argument("--only", choices=["linear", "sweep", "attention", "extend", "small"], default=None)
     args = p.parse_args()
     if not sgl_kernel.load():
         sys.exit(f"sgl-kernel is not available: {sgl_kernel.unavailable_reason()}")
@@ -202,6 +241,8 @@ def main():
         decode_sweep_table(dtypes, args.sweep_rows)
     if args.only in (None, "attention"):
         attention_table(dtypes)
+    if args.only in (None, "extend"):
+        extend_table(dtypes)
     if args.only in (None, "small"):
         small_ops_table(dtypes)
 

@@ -258,9 +258,28 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
                                               : a.req_to_token32[row * a.ld_r2t + j0 + j];
                 slots[j] = a.slot_map ? a.slot_map[slot] : slot;
             }
-            for (int64_t j = 0; j < nb; ++j) {
-                const T* k = static_cast<const T*>(a.k_cache) + (slots[j] * a.hk + kh) * d;
-                const T* v = static_cast<const T*>(a.v_cache) + (slots[j] * a.hk + kh) * dv;
+            for (int64_t j = j0 + VL; j < imin_(hi, j0 + 2 * VL); ++j) {  // the next block, into L2
+                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j] : a.req_to_token32[row * a.ld_r2t + j];
+                if (a.slot_map) slot = a.slot_map[slot];
+                const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k_cache) + (slot * a.hk + kh) * d);
+                const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v_cache) + (slot * a.hk + kh) * dv);
+                for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(k + off, 0, 2);
+                for (int64_t off = 0; off < dv * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(v + off, 0, 2);
+            }
+            const float* krow[VL];  // fp32 rows: the pool's own; bf16: converted into kf / vf_
+            const float* vrow[VL];
+            for (int64_t j = 0; j < VL; ++j) {
+                const int64_t sj = slots[j < nb ? j : 0];  // rows past nb: scored, then unused
+                const T* k = static_cast<const T*>(a.k_cache) + (sj * a.hk + kh) * d;
+                const T* v = static_cast<const T*>(a.v_cache) + (sj * a.hk + kh) * dv;
+                if constexpr (sizeof(T) == sizeof(float)) {
+                    krow[j] = reinterpret_cast<const float*>(k);
+                    vrow[j] = reinterpret_cast<const float*>(v);
+                    continue;
+                }
+                krow[j] = kf + j * d;
+                vrow[j] = vf_ + j * dv;
+                if (j >= nb) continue;
                 int64_t i = 0;
                 for (; i + VL <= d; i += VL) vst<float>(kf + j * d + i, vld<T>(k + i));
                 for (; i < d; ++i) kf[j * d + i] = ld<T>(k, i);
@@ -271,7 +290,7 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
             for (int64_t j = 0; j < VL; ++j) sc[j] = vf{};
             for (int64_t i = 0; i < d; ++i) {
                 const vf qi = vld<float>(qt + i * VL);
-                for (int64_t j = 0; j < VL; ++j) sc[j] += kf[j * d + i] * qi;  // rows past nb: unused
+                for (int64_t j = 0; j < VL; ++j) sc[j] += krow[j][i] * qi;
             }
             vf bm = mx;
             for (int64_t j = 0; j < nb; ++j) {
@@ -298,7 +317,7 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
             mx = bm;
             for (int64_t c = 0; c < dv; ++c) {
                 vf o = vld<float>(acc + c * VL) * alpha;
-                for (int64_t j = 0; j < nb; ++j) o += vf_[j * dv + c] * sc[j];
+                for (int64_t j = 0; j < nb; ++j) o += vrow[j][c] * sc[j];
                 vst<float>(acc + c * VL, o);
             }
         }
