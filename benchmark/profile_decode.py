@@ -7,6 +7,7 @@ model forward and everything around it, plus the top entries of both profiles.
 
     python benchmark/profile_decode.py                          # default model, bf16, batch 16
     python benchmark/profile_decode.py --dtype float32 --batch 1 --steps 16
+    python benchmark/profile_decode.py --prefill 4 --batch 16 --input-len 16 --prefix-len 1500
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def main():
     ap.add_argument("--steps", type=int, default=24, help="decode steps profiled")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--attention-backend", default=None)
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="instead: time N whole prefills of the batch (median), after --prefix-len cached tokens")
+    ap.add_argument("--prefix-len", type=int, default=0, help="with --prefill: a cached prefix every prompt shares")
     args = ap.parse_args()
 
     import torch
@@ -43,7 +47,7 @@ def main():
 
     print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)
     path = resolve_model(args.model)
-    kw = dict(model_path=path, dtype=args.dtype, max_total_tokens=8192, log_level="error")
+    kw = dict(model_path=path, dtype=args.dtype, max_total_tokens=16384, log_level="error")
     if args.attention_backend:
         kw["attention_backend"] = args.attention_backend
     sched = Scheduler(ServerArgs(**kw))
@@ -57,6 +61,9 @@ def main():
             sp.normalize(None)
             sched.add_request(TokenizedGenerateReqInput(rid=f"p{seed}-{i}", input_text=None, input_ids=p,
                                                         sampling_params=sp))
+
+    if args.prefill:
+        return time_prefills(sched, args, vocab)
 
     submit(1)
     while sched.waiting_queue or sched.chunked_req:  # prefill
@@ -108,6 +115,43 @@ def main():
     print("\n### torch.profiler, sorted by self CPU time\n```")
     print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
     print("```")
+
+
+def time_prefills(sched, args, vocab) -> None:
+    """Median wall time of whole prefills (1 output token), each on fresh prompts: with
+    --prefix-len, every prompt of a round starts with the same prefix, prefilled (and so cached)
+    by one request just before the timed batch."""
+    import statistics
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    def run(prompts, tag) -> float:
+        for i, p in enumerate(prompts):
+            sp = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+            sp.normalize(None)
+            sched.add_request(TokenizedGenerateReqInput(rid=f"{tag}-{i}", input_text=None, input_ids=p,
+                                                        sampling_params=sp))
+        t = time.perf_counter()
+        while sched.waiting_queue or sched.chunked_req:
+            sched.step()
+        elapsed = time.perf_counter() - t
+        for _ in range(2):  # the finished requests leave
+            sched.step()
+        return elapsed
+
+    times = []
+    for r in range(args.prefill + 1):  # round 0 warms up
+        prefix = synthetic_prompts(1, args.prefix_len, vocab, 100 + r)[0] if args.prefix_len else []
+        if prefix:
+            run([prefix], f"prefix{r}")
+        tails = synthetic_prompts(args.batch, args.input_len, vocab, 200 + r)
+        times.append(run([prefix + t for t in tails], f"batch{r}"))
+    t = statistics.median(times[1:])
+    print_table(f"Whole prefills ({args.model}:{args.dtype}, {args.batch} x ({args.prefix_len} cached + "
+                f"{args.input_len} new tokens), median of {args.prefill})",
+                ["ms", "new tokens/s", "runs ms"],
+                [[1000 * t, args.batch * args.input_len / t, " ".join(f"{1000 * x:.0f}" for x in times[1:])]])
 
 
 if __name__ == "__main__":
