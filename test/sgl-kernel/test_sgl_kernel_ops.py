@@ -7,7 +7,6 @@ every tensor the ops allocate with NaN, so an element a kernel forgets to write 
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -149,6 +148,19 @@ def _ref_decode(q, k_cache, v_cache, r2t, rows, lens, slot_map, scale, window, c
     return torch.stack(out)
 
 
+def _random_pool(g, dtype, hk, d, dv, lens, width, index_dtype):
+    """A 2048-slot K/V pool of random values and req_to_token rows 4, 1, 3 holding `lens` random
+    distinct slots each (slot 0, the padding slot, unused)."""
+    S = 2048
+    k_cache = torch.randn(S, hk, d, generator=g).to(dtype)
+    v_cache = torch.randn(S, hk, dv, generator=g).to(dtype)
+    r2t = torch.zeros(5, width, dtype=index_dtype)
+    rows = torch.tensor([4, 1, 3][: len(lens)])
+    for b, n in enumerate(lens):
+        r2t[rows[b], :n] = (torch.randperm(S - 1, generator=g)[:n] + 1).to(index_dtype)
+    return k_cache, v_cache, r2t, rows
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq,hk,d,lens,window,cap", [
     (1, 1, 8, [1], -1, 0.0),
@@ -160,13 +172,7 @@ def _ref_decode(q, k_cache, v_cache, r2t, rows, lens, slot_map, scale, window, c
 ])
 def test_decode_attention(isa, dtype, hq, hk, d, lens, window, cap):
     g = torch.Generator().manual_seed(len(lens) * 7 + hq)
-    S = 2048
-    k_cache = torch.randn(S, hk, d, generator=g).to(dtype)
-    v_cache = torch.randn(S, hk, d, generator=g).to(dtype)
-    r2t = torch.zeros(5, 1100, dtype=torch.int32)
-    rows = torch.tensor([4, 1, 3][: len(lens)])
-    for b, n in enumerate(lens):
-        r2t[rows[b], :n] = torch.randperm(S - 1, generator=g)[:n].int() + 1
+    k_cache, v_cache, r2t, rows = _random_pool(g, dtype, hk, d, d, lens, 1100, torch.int32)
     q = torch.randn(len(lens), hq * d, generator=g).to(dtype)
     lens_t = torch.tensor(lens)
     got = ops.decode_attention(q, k_cache, v_cache, r2t, rows, lens_t, None, d ** -0.5, window, cap)
@@ -199,13 +205,8 @@ def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
 def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap):
     """Each new token is a decode query over its request's slots up to its own position."""
     g = torch.Generator().manual_seed(sum(extend) + hq)
-    S = 2048
-    k_cache = torch.randn(S, hk, d, generator=g).to(dtype)
-    v_cache = torch.randn(S, hk, dv, generator=g).to(dtype)
-    r2t = torch.zeros(5, 600, dtype=torch.int64)
-    rows = torch.tensor([4, 1, 3][: len(extend)])
-    for b, n in enumerate(extend):
-        r2t[rows[b], : prefix[b] + n] = torch.randperm(S - 1, generator=g)[: prefix[b] + n] + 1
+    seq = [p + n for p, n in zip(prefix, extend)]
+    k_cache, v_cache, r2t, rows = _random_pool(g, dtype, hk, d, dv, seq, 600, torch.int64)
     T = sum(extend)
     q = torch.randn(T, hq * d, generator=g).to(dtype)
     got = ops.extend_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(prefix), torch.tensor(extend), None,
