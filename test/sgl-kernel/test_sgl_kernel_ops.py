@@ -239,6 +239,12 @@ def test_extend_attention_refuses_bad_lengths(isa):
         ops.extend_attention(*args, torch.tensor([3]), torch.tensor([4]), None, 1.0, -1, 0.0)
     with pytest.raises(RuntimeError, match="add up to 3, q has 4 rows"):
         ops.extend_attention(*args, torch.tensor([0]), torch.tensor([3]), None, 1.0, -1, 0.0)
+    with pytest.raises(RuntimeError, match="empty cache dimensions"):  # not a division by zero
+        ops.extend_attention(torch.randn(4, 8), torch.randn(8, 1, 0), torch.randn(8, 1, 0), *args[3:],
+                             torch.tensor([0]), torch.tensor([4]), None, 1.0, -1, 0.0)
+    with pytest.raises(RuntimeError, match="empty cache dimensions"):
+        ops.decode_attention(torch.randn(1, 8), torch.randn(8, 0, 8), torch.randn(8, 0, 8), *args[3:],
+                             torch.tensor([4]), None, 1.0, -1, 0.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -277,9 +277,13 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
                     vrow[j] = reinterpret_cast<const float*>(v);
                     continue;
                 }
+                if (j >= nb) {  // scored from a real row, then unused
+                    krow[j] = krow[0];
+                    vrow[j] = vrow[0];
+                    continue;
+                }
                 krow[j] = kf + j * d;
                 vrow[j] = vf_ + j * dv;
-                if (j >= nb) continue;
                 int64_t i = 0;
                 for (; i + VL <= d; i += VL) vst<float>(kf + j * d + i, vld<T>(k + i));
                 for (; i < d; ++i) kf[j * d + i] = ld<T>(k, i);

@@ -295,6 +295,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
                 "sgl_kernel.decode_attention: caches must be dense [slots, kv_heads, dim]");
     const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2);
+    TORCH_CHECK(hk > 0 && d > 0 && dv > 0, "sgl_kernel.decode_attention: empty cache dimensions");
     const int64_t B = q.size(0);
     TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, "sgl_kernel.decode_attention: q must be [B, hq * d]");
     const int64_t hq = q.size(1) / d;
@@ -342,6 +343,7 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), op,
                 ": caches must be dense [slots, kv_heads, dim]");
     const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2), T = q.size(0);
+    TORCH_CHECK(hk > 0 && d > 0 && dv > 0, op, ": empty cache dimensions");
     TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, op, ": q must be [T, hq * d]");
     const int64_t hq = q.size(1) / d;
     TORCH_CHECK(hq % hk == 0 && d <= 512 && dv <= 512, op, ": query heads must be a multiple of kv heads, dims <= 512");
