@@ -4,8 +4,9 @@
 namespace {
 
 // ---- paged decode attention: one query per request, K/V read in place from the pool ------------
-// Work item = (request, kv head, split of the context); each keeps an online softmax for the
-// query heads of its GQA group and leaves (max, sum, acc) in `partial`; `combine` merges splits.
+// Work item = (request, run of kv heads, split of the context); each keeps an online softmax for
+// the query heads of its GQA groups and, when the context is split, leaves (max, sum, acc) in
+// `partial` for `combine` to merge.
 constexpr int64_t kMaxGroupDim = 8192;  // query heads per kv head * head dim (checked by ops.cpp)
 constexpr int64_t kMaxDv = 512;
 constexpr int64_t kMaxTaskHeads = 256;  // query heads per work item (ops.cpp picks kv_per_task)
@@ -28,18 +29,13 @@ inline void axpy(float* acc, float p, const T* v, int64_t n) {  // acc += p * v
     for (; i < n; ++i) acc[i] += p * ld<T>(v, i);
 }
 
-inline void scale_(float* acc, float f, int64_t n) {
-    int64_t i = 0;
-    for (; i + VL <= n; i += VL) vst<float>(acc + i, vld<float>(acc + i) * f);
-    for (; i < n; ++i) acc[i] *= f;
-}
-
 // Slots of the context's keys [j0, j0 + nb) of request row `row` (through the SWA slot map when
-// given); with `prefetch`, the cache lines of their K/V rows for kv heads [kh0, kh0 + nh) are
-// requested too. Called for the next block: slots are scattered over the pool, so the misses overlap
-// with the current block's arithmetic instead of stalling one after another.
-template <typename T>
-inline void block_slots(const DecodeAttnArgs& a, int64_t row, int64_t j0, int64_t nb, int64_t kh0, int64_t nh,
+// given), and the cache lines of their K/V rows for kv heads [kh0, kh0 + nh) requested into L2.
+// Called for the next block: slots are scattered over the pool, so the misses overlap with the
+// current block's arithmetic instead of stalling one after another. `Args`: DecodeAttnArgs or
+// ExtendAttnArgs (the same pool fields).
+template <typename T, typename Args>
+inline void block_slots(const Args& a, int64_t row, int64_t j0, int64_t nb, int64_t kh0, int64_t nh,
                         int64_t* slots) {
     for (int64_t j = 0; j < nb; ++j) {
         int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
@@ -231,7 +227,7 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
     alignas(64) float acc[kMaxHeadDim * VL];  // [dv][VL]
     alignas(64) float kf[VL * kMaxHeadDim];   // [VL keys][d] of the current block, fp32
     alignas(64) float vf_[VL * kMaxHeadDim];  // [VL keys][dv]
-    int64_t slots[VL];
+    int64_t slot_buf[2][VL];
     for (int64_t task = task0; task < task1; ++task) {
         const int64_t* tk = a.tasks + 3 * task;
         const int64_t r = tk[0], kh = tk[1], lane0 = tk[2];
@@ -251,21 +247,11 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
         vf mx = splat(-__builtin_inff()), sum{};
         const int64_t hi = prefix + t_hi + 1;
         const int64_t lo = a.window > 0 ? imax_(0, prefix + t_lo + 1 - a.window) : 0;
-        for (int64_t j0 = lo; j0 < hi; j0 += VL) {
+        if (lo < hi) block_slots<T>(a, row, lo, imin_(VL, hi - lo), kh, 1, slot_buf[0]);
+        for (int64_t j0 = lo, cur = 0; j0 < hi; j0 += VL, cur ^= 1) {
             const int64_t nb = imin_(VL, hi - j0);
-            for (int64_t j = 0; j < nb; ++j) {
-                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j0 + j]
-                                              : a.req_to_token32[row * a.ld_r2t + j0 + j];
-                slots[j] = a.slot_map ? a.slot_map[slot] : slot;
-            }
-            for (int64_t j = j0 + VL; j < imin_(hi, j0 + 2 * VL); ++j) {  // the next block, into L2
-                int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j] : a.req_to_token32[row * a.ld_r2t + j];
-                if (a.slot_map) slot = a.slot_map[slot];
-                const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k_cache) + (slot * a.hk + kh) * d);
-                const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v_cache) + (slot * a.hk + kh) * dv);
-                for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(k + off, 0, 2);
-                for (int64_t off = 0; off < dv * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(v + off, 0, 2);
-            }
+            const int64_t* slots = slot_buf[cur];
+            if (j0 + VL < hi) block_slots<T>(a, row, j0 + VL, imin_(VL, hi - j0 - VL), kh, 1, slot_buf[cur ^ 1]);
             const float* krow[VL];  // fp32 rows: the pool's own; bf16: converted into kf / vf_
             const float* vrow[VL];
             for (int64_t j = 0; j < VL; ++j) {

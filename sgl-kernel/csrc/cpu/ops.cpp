@@ -281,6 +281,33 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
     return {q_out, k_out};
 }
 
+namespace {
+// What the paged attention ops check alike: q [rows, hq * d] of fp32/bf16 with dense rows, dense
+// [slots, kv_heads, dim] caches of q's dtype, head dims 1-512, hq a multiple of the kv heads, and
+// an int32/int64 req_to_token [R, L]. `op` names the caller in errors.
+struct PagedShape { DType dt; int64_t hq, hk, d, dv; };
+
+PagedShape check_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& req_to_token, const char* op) {
+    check_cpu(q, "q");
+    const DType dt = dtype_of(q, "q");
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), op,
+                ": q and the KV cache must have one dtype");
+    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), op,
+                ": caches must be dense [slots, kv_heads, dim]");
+    const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2);
+    TORCH_CHECK(hk > 0 && d > 0 && dv > 0, op, ": empty cache dimensions");
+    TORCH_CHECK(d <= 512 && dv <= 512, op, ": head dims above 512");
+    TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, op, ": q must be [rows, hq * d]");
+    const int64_t hq = q.size(1) / d;
+    TORCH_CHECK(hq % hk == 0, op, ": query heads must be a multiple of kv heads");
+    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
+                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
+                op, ": req_to_token must be int32/int64 [R, L]");
+    return {dt, hq, hk, d, dv};
+}
+}  // namespace
+
 // One query per request over its KV slots req_to_token[req_pool_indices[b], :seq_lens[b]]
 // (the last `window` only when window > 0; through slot_map when given), softmax(scale * q.k)
 // (with logit_cap * tanh(s / logit_cap) when logit_cap > 0) times V. q [B, hq * d] -> [B, hq * dv].
@@ -288,24 +315,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                             const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                             const at::Tensor& seq_lens, const c10::optional<at::Tensor>& slot_map,
                             double scale, int64_t window, double logit_cap) {
-    check_cpu(q, "q");
-    const DType dt = dtype_of(q, "q");
-    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-                "sgl_kernel.decode_attention: q and the KV cache must have one dtype");
-    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
-                "sgl_kernel.decode_attention: caches must be dense [slots, kv_heads, dim]");
-    const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2);
-    TORCH_CHECK(hk > 0 && d > 0 && dv > 0, "sgl_kernel.decode_attention: empty cache dimensions");
-    const int64_t B = q.size(0);
-    TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, "sgl_kernel.decode_attention: q must be [B, hq * d]");
-    const int64_t hq = q.size(1) / d;
-    TORCH_CHECK(hq % hk == 0, "sgl_kernel.decode_attention: query heads must be a multiple of kv heads");
-    const int64_t G = hq / hk;
-    TORCH_CHECK(G <= 64 && G * d <= 8192 && G * dv <= 8192 && dv <= 512,
-                "sgl_kernel.decode_attention: head group too large");
-    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
-                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
-                "sgl_kernel.decode_attention: req_to_token must be int32/int64 [R, L]");
+    const PagedShape ps = check_paged_attention(q, k_cache, v_cache, req_to_token, "sgl_kernel.decode_attention");
+    const DType dt = ps.dt;
+    const int64_t hk = ps.hk, d = ps.d, dv = ps.dv, hq = ps.hq, G = hq / hk, B = q.size(0);
+    TORCH_CHECK(G <= 64 && G * d <= 8192 && G * dv <= 8192, "sgl_kernel.decode_attention: head group too large");
     at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
     at::Tensor lens = seq_lens.to(at::kLong).contiguous();
     TORCH_CHECK(rows.numel() == B && lens.numel() == B, "sgl_kernel.decode_attention: one row and length per query");
@@ -336,20 +349,9 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                             const at::Tensor& extend_lens, const c10::optional<at::Tensor>& slot_map, double scale,
                             int64_t window, double logit_cap) {
     const char* op = "sgl_kernel.extend_attention";
-    check_cpu(q, "q");
-    const DType dt = dtype_of(q, "q");
-    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(), op,
-                ": q and the KV cache must have one dtype");
-    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), op,
-                ": caches must be dense [slots, kv_heads, dim]");
-    const int64_t hk = k_cache.size(1), d = k_cache.size(2), dv = v_cache.size(2), T = q.size(0);
-    TORCH_CHECK(hk > 0 && d > 0 && dv > 0, op, ": empty cache dimensions");
-    TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) % d == 0, op, ": q must be [T, hq * d]");
-    const int64_t hq = q.size(1) / d;
-    TORCH_CHECK(hq % hk == 0 && d <= 512 && dv <= 512, op, ": query heads must be a multiple of kv heads, dims <= 512");
-    TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1 &&
-                    (req_to_token.scalar_type() == at::kLong || req_to_token.scalar_type() == at::kInt),
-                op, ": req_to_token must be int32/int64 [R, L]");
+    const PagedShape ps = check_paged_attention(q, k_cache, v_cache, req_to_token, op);
+    const DType dt = ps.dt;
+    const int64_t hk = ps.hk, d = ps.d, dv = ps.dv, hq = ps.hq, T = q.size(0);
     at::Tensor rw = rows.to(at::kLong).contiguous(), pl = prefix_lens.to(at::kLong).contiguous(),
                el = extend_lens.to(at::kLong).contiguous();
     const int64_t R = rw.numel();

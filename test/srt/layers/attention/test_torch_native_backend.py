@@ -111,6 +111,8 @@ def test_extend_in_place_matches_the_sdpa_path(window):
             st = Setup(1, 3, layer_window=window)
             st.step([5, 1, 9])
             out, ref, *_ = st.step([3, 150, 0])
+            # the in-place path builds its per-request lengths; the SDPA path never does
+            assert (st.backend._extend_meta is not None) == (cpu_ops.available() and not fallback)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
