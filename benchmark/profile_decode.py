@@ -8,6 +8,7 @@ model forward and everything around it, plus the top entries of both profiles.
     python benchmark/profile_decode.py                          # default model, bf16, batch 16
     python benchmark/profile_decode.py --dtype float32 --batch 1 --steps 16
     python benchmark/profile_decode.py --prefill 4 --batch 16 --input-len 16 --prefix-len 1500
+    python benchmark/profile_decode.py --batch 16 --ab-rows 0 64   # oneDNN vs sgl_kernel.linear, alternating
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def main():
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="instead: time N whole prefills of the batch (median), after --prefix-len cached tokens")
     ap.add_argument("--prefix-len", type=int, default=0, help="with --prefill: a cached prefix every prompt shares")
+    ap.add_argument("--ab-rows", type=int, nargs=2, default=None, metavar=("A", "B"),
+                    help="instead: median decode step with sgl_kernel.linear up to A rows vs up to B rows "
+                         "(oneDNN beyond), the two alternating in one process, --rounds times")
+    ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
 
     import torch
@@ -53,7 +58,7 @@ def main():
     sched = Scheduler(ServerArgs(**kw))
     print(f"attention backend: {sched.server_args.attention_backend}", flush=True)
     vocab = model_config(path)["vocab_size"]
-    total = 3 * args.steps + 8
+    total = 3 * args.steps + 8 if not args.ab_rows else 2 * args.rounds * (args.steps + 2) + 8
 
     def submit(seed):
         for i, p in enumerate(synthetic_prompts(args.batch, args.input_len, vocab, seed)):
@@ -70,6 +75,8 @@ def main():
         sched.step()
     for _ in range(4):  # warm-up decode
         sched.step()
+    if args.ab_rows:
+        return time_ab_rows(sched, args)
 
     # 1) Wall split: model forward vs the rest of a step.
     runner = sched.model_runner
@@ -115,6 +122,34 @@ def main():
     print("\n### torch.profiler, sorted by self CPU time\n```")
     print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
     print("```")
+
+
+def time_ab_rows(sched, args) -> None:
+    """Median ms per decode step with the small-M kernel up to A rows and up to B rows, alternating
+    (the host's load drifts by tens of percent between separate runs)."""
+    import statistics
+
+    import torch
+
+    from sglang.srt.layers import cpu_ops
+
+    dtype = getattr(torch, args.dtype)
+    times = {rows: [] for rows in args.ab_rows}
+    for _ in range(args.rounds):
+        for rows in args.ab_rows:
+            cpu_ops.set_linear_max_rows(dtype, rows)
+            for _ in range(2):
+                sched.step()
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                sched.step()
+            times[rows].append(1000 * (time.perf_counter() - t) / args.steps)
+    a, b = (statistics.median(times[r]) for r in args.ab_rows)
+    print_table(f"Decode step, sgl_kernel.linear up to A vs B rows ({args.model}:{args.dtype}, batch {args.batch}, "
+                f"{args.rounds} rounds of {args.steps} steps, alternating)",
+                ["rows", "median ms / step", "all rounds", "A / B"],
+                [[r, statistics.median(times[r]), " ".join(f"{t:.1f}" for t in times[r]),
+                  f"{a / b:.2f}" if r == args.ab_rows[0] else ""] for r in args.ab_rows])
 
 
 def time_prefills(sched, args, vocab) -> None:

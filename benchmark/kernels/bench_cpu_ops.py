@@ -220,10 +220,12 @@ def small_ops_table(dtypes):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--isa", default=None, help="generic|avx2|avx512 (default: the best this CPU runs)")
+    p.add_argument("--isa", default=None, help="generic|avx2|avx512|avx512bf16 (default: the best this CPU runs)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--sweep-rows", type=int, nargs="+", default=[1], help="batch rows of the decode-step sweep")
     p.add_argument("--only", choices=["linear", "sweep", "attention", "extend", "small"], default=None)
+    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"],
+                   help="activation/weight dtypes (the sweep adds int8 weights with bf16 activations to either)")
     args = p.parse_args()
     if not sgl_kernel.load():
         sys.exit(f"sgl-kernel is not available: {sgl_kernel.unavailable_reason()}")
@@ -234,7 +236,7 @@ def main():
     print(f"# CPU ops: sgl-kernel {sgl_kernel.isa()} kernels, {torch.get_num_threads()} threads, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    dtypes = [torch.float32, torch.bfloat16]
+    dtypes = [getattr(torch, d) for d in args.dtypes]
     if args.only in (None, "linear"):
         linear_table(dtypes, args.rows)
     if args.only in (None, "sweep"):

@@ -1,5 +1,5 @@
 """Each torch.ops.sgl_kernel op against the torch expression it replaces, for every kernel set
-this CPU runs (generic, avx2, avx512), odd shapes, fp32 and bf16.
+this CPU runs (generic, avx2, avx512, avx512bf16), odd shapes, fp32 and bf16.
 
 Outputs are NaN-poisoned: with deterministic mode and `fill_uninitialized_memory`, torch fills
 every tensor the ops allocate with NaN, so an element a kernel forgets to write fails the test.
@@ -53,11 +53,27 @@ def test_linear(isa, dtype, M, N, K):
     _close(ops.linear(x, w, None, None), F.linear(x.float(), w.float()).to(dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [4, 7, 16, 33])
+@pytest.mark.parametrize("N,K", [(48, 64), (50, 576), (19, 95)])
+def test_linear_register_tiles(isa, dtype, M, N, K):
+    """Row counts of whole register tiles, of 2 + 2 and of tails; N leaving one-row columns after
+    whole tiles; K with a tail after the vector steps (32 for vdpbf16ps, 16/8/4 otherwise)."""
+    g = torch.Generator().manual_seed(M * 7 + N * 3 + K)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    bias = torch.randn(N, generator=g).to(dtype)
+    _close(ops.linear(x, w, None, bias), F.linear(x.float(), w.float(), bias.float()).to(dtype), dtype)
+
+
 def test_linear_keeps_leading_dims_and_strided_rows(isa):
     x = torch.randn(2, 3, 40)[..., :32]  # strided rows
     w = torch.randn(10, 32)
     _close(ops.linear(x, w, None, None), F.linear(x, w), torch.float32)
     assert ops.linear(torch.randn(0, 32), w, None, None).shape == (0, 10)
+    xb = torch.randn(5, 100).bfloat16()[:, :64]  # bf16 rows read in place (vdpbf16ps path)
+    wb = torch.randn(20, 64).bfloat16()
+    _close(ops.linear(xb, wb, None, None), F.linear(xb.float(), wb.float()).bfloat16(), torch.bfloat16)
 
 
 @pytest.mark.parametrize("M", [1, 2, 5])
@@ -67,6 +83,21 @@ def test_linear_int8_weights(isa, M):
     x = torch.randn(M, 65)
     want = F.linear(x, w.float() * scale[:, None])
     _close(ops.linear(x, w, scale, None), want, torch.float32, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("M", [1, 4, 16])
+@pytest.mark.parametrize("K", [65, 576, 2100])
+def test_linear_int8_weights_bf16_activations(isa, M, K):
+    """What --quantization w8a16_int8 runs in a bf16 model: int8 rows, bf16 activations (with
+    AVX512-BF16: converted to bf16 in registers, or once per column into a buffer when several
+    row passes read it, K <= 2048)."""
+    g = torch.Generator().manual_seed(M + K)
+    w = torch.randint(-127, 128, (37, K), dtype=torch.int8, generator=g)
+    scale = torch.rand(37, generator=g) * 0.01
+    bias = torch.randn(37, generator=g)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    want = F.linear(x.float(), w.float() * scale[:, None], bias).bfloat16()
+    _close(ops.linear(x, w, scale, bias), want, torch.bfloat16)
 
 
 def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)

@@ -16,7 +16,9 @@ enum class DType : int { F32 = 0, BF16 = 1 };
 enum class WType : int { F32 = 0, BF16 = 1, I8 = 2 };
 
 struct LinearArgs {
-    const float* x;      // [M, K] fp32 activations (row stride ldx)
+    const float* x;      // [M, K] fp32 activations (row stride ldx), or nullptr
+    const bf16_t* xb;    // [M, K] bf16 activations, or nullptr: read instead of x where
+                         // linear_reads_bf16(wtype) (same row stride ldx)
     int64_t M, K, ldx;
     const void* w;       // [N, K] weights, row stride ldw, of type wtype
     int64_t ldw;
@@ -95,6 +97,7 @@ struct ExtendAttnArgs {
 #define SGLK_DECLARE_KERNELS(ns)                                                          \
     namespace ns {                                                                        \
     void linear(const LinearArgs& a, int64_t n_begin, int64_t n_end);                     \
+    bool linear_reads_bf16(WType wtype);                                                  \
     void rmsnorm(const NormArgs& a, int64_t row_begin, int64_t row_end);                  \
     void silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt,         \
                       int64_t row_begin, int64_t row_end);                                \
@@ -112,5 +115,6 @@ struct ExtendAttnArgs {
 SGLK_DECLARE_KERNELS(generic)
 SGLK_DECLARE_KERNELS(avx2)
 SGLK_DECLARE_KERNELS(avx512)
+SGLK_DECLARE_KERNELS(avx512bf16)
 
 }  // namespace sglk

@@ -142,68 +142,241 @@ inline int64_t imin_(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax_(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // ---- linear: y[m, n] = sum_k x[m, k] * w[n, k] (* scale[n]) + bias[n] -------------------------
-// Meant for the memory-bound small-M regime (decode): each weight row is read once, in order (one
-// sequential stream per thread), converted in registers and shared by up to kLinearMR activation
-// rows; four accumulators per row hide the FMA latency.
+// Register tiles of MR activation rows x NR weight rows, one accumulator vector per output
+// (dot products along K, summed across lanes at the end): per k-step MR + NR loads feed MR * NR
+// FMAs, where one weight row at a time (the first version) needed MR + 1 loads for MR FMAs and
+// was load-bound beyond 4 rows. A column of tiles (NR weight rows, all M rows) reads its weights
+// from memory in the first row pass and from L1 in the others.
 //
-// Software prefetch kLinearPrefetch bytes ahead, one per cache line: the out-of-order window alone
-// keeps too few lines in flight once a line takes several loads (bf16: 2, int8: 4), and the
-// hardware prefetcher restarts at every call. Measured on the default model's decode-step linears
-// (30 layers + lm_head, 1 row, 2 threads, weights cold; benchmark/kernels/bench_cpu_ops.py): bf16
-// 12.6 -> 15-16 GB/s, int8 11 -> 15, fp32 unchanged at 16-17, against ~16 GB/s for a plain copy.
-constexpr int kLinearPrefetch = 4096;
+// Software prefetch, one per cache line: the out-of-order window alone keeps too few lines in
+// flight once a line takes several loads, and the hardware prefetcher restarts at every call.
+// While a column runs, the next column's weights are prefetched, spread evenly over its row
+// passes and k-steps, so the stream from memory goes on at the same rate through every pass.
+//
+// With AVX512-BF16 (vdpbf16ps) and bf16 activations, bf16 and int8 weights are multiplied as
+// bf16 pairs (products exact in fp32, as the FMA path's; int8 values are exact in bf16): 32
+// weights per instruction instead of 16, and no conversion of the activations.
+// AVX-512: 3 x 8 = 24 accumulators + 3 activations + 1 weight of 32 registers; 8 weight rows, so
+// that a row's 8 sums come out of one transposing reduction as a vector (sum8) and the scale,
+// bias and store are vector ops: with one horizontal sum and a scalar store per output the
+// epilogue took ~40% of a tile's instructions at K = 576.
+constexpr int kLinearMR = VL >= 16 ? 3 : 2;
+constexpr int kLinearNR = VL >= 16 ? 8 : 4;
 
-template <typename TW, int MR>
-inline void dot_rows(const float* x, int64_t ldx, const TW* w, int64_t K, float (&out)[MR]) {
-    vf acc[MR][4];
-    for (int m = 0; m < MR; ++m)
-        for (int u = 0; u < 4; ++u) acc[m][u] = vf{};
+// Rows of the next tile when `rest` rows are left: kLinearMR, but 2 + 2 rather than 3 + 1 (a
+// one-row tile loads 9 vectors for 8 products).
+inline int tile_rows(int64_t rest) {
+    if (rest == kLinearMR + 1 && kLinearMR == 3) return 2;
+    return int(imin_(rest, kLinearMR));
+}
+
+struct Prefetch {
+    const char* p;   // where this pass's share of the next column starts
+    int64_t step;    // bytes per k-step (a multiple of 64, or 0)
+    inline void at(int64_t i) const {
+        for (int64_t b = 0; b < step; b += 64) __builtin_prefetch(p + i * step + b, 0, 3);
+    }
+};
+
+// acc[m][j] = lane-wise partial sums of x[m, :k] * w[j, :k]; returns k (the rest is the tail).
+template <typename TW, int MR, int NR>
+inline int64_t dot_tile(const float* x, int64_t ldx, const TW* w, int64_t ldw, int64_t K, Prefetch pf,
+                        vf (&acc)[MR][NR]) {
     int64_t k = 0;
-    for (; k + 4 * VL <= K; k += 4 * VL) {
-        for (int b = 0; b < int(4 * VL * sizeof(TW)); b += 64)
-            __builtin_prefetch(reinterpret_cast<const char*>(w + k) + kLinearPrefetch + b, 0, 3);
-        for (int u = 0; u < 4; ++u) {
-            vf wv = vld<TW>(w + k + u * VL);
-            for (int m = 0; m < MR; ++m) acc[m][u] += vld<float>(x + m * ldx + k + u * VL) * wv;
+    for (int64_t i = 0; k + VL <= K; k += VL, ++i) {
+        pf.at(i);
+        vf xv[MR];
+        for (int m = 0; m < MR; ++m) xv[m] = vld<float>(x + m * ldx + k);
+        for (int j = 0; j < NR; ++j) {
+            const vf wv = vld<TW>(w + j * ldw + k);
+            for (int m = 0; m < MR; ++m) acc[m][j] += xv[m] * wv;
         }
     }
-    for (; k + VL <= K; k += VL) {
-        vf wv = vld<TW>(w + k);
-        for (int m = 0; m < MR; ++m) acc[m][0] += vld<float>(x + m * ldx + k) * wv;
+    return k;
+}
+
+#if SGLK_BF16_DOT
+constexpr bool kBf16Dot = true;
+constexpr int kDotK = 32;  // bf16 pairs per vdpbf16ps
+
+// acc += pairwise bf16 products (vdpbf16ps). Inline asm: with the intrinsic, GCC stored every
+// accumulator of a tile to the stack at each k-step (a 2x slowdown).
+inline vf dpbf16(vf acc, vh2 a, vh2 b) {
+    __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+template <typename TW> inline vh2 dot_wvec(const TW* p);
+template <> inline vh2 dot_wvec<bf16_t>(const bf16_t* p) { return *reinterpret_cast<const vh2*>(p); }
+template <> inline vh2 dot_wvec<int8_t>(const int8_t* p) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return (vh2)_mm512_cvtne2ps_pbh(hi, lo);  // low 16 lanes from lo
+}
+
+// As dot_tile, with bf16 activations and 32 weights per step. (A masked vector tail in this loop
+// made GCC keep acc in memory: the tail stays scalar, in finish_tile.)
+template <typename TW, int MR, int NR>
+inline int64_t dot_tile_bf16(const bf16_t* x, int64_t ldx, const TW* w, int64_t ldw, int64_t K, Prefetch pf,
+                             vf (&acc)[MR][NR]) {
+    int64_t k = 0;
+    for (int64_t i = 0; k + kDotK <= K; k += kDotK, ++i) {
+        pf.at(i);
+        vh2 xv[MR];
+        for (int m = 0; m < MR; ++m) xv[m] = *reinterpret_cast<const vh2*>(x + m * ldx + k);
+        for (int j = 0; j < NR; ++j) {
+            const vh2 wv = dot_wvec<TW>(w + j * ldw + k);
+            for (int m = 0; m < MR; ++m) acc[m][j] = dpbf16(acc[m][j], xv[m], wv);
+        }
     }
-    for (int m = 0; m < MR; ++m) {
-        float s = hsum((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]));
-        for (int64_t t = k; t < K; ++t) s += x[m * ldx + t] * ld<TW>(w, t);
-        out[m] = s;
+    return k;
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+// Whether this ISA's kernel reads the activations as bf16 (a.xb): bf16 or int8 weights on AVX512-BF16.
+inline bool dot_bf16(const LinearArgs& a) { return kBf16Dot && a.xb && a.wtype != WType::F32; }
+
+template <typename T> constexpr bool kIsF32 = false;
+template <> constexpr bool kIsF32<float> = true;
+
+#if SGLK_VEC_BYTES == 64
+typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef uint16_t v8h __attribute__((vector_size(16), aligned(2), may_alias));
+
+// The 8 horizontal sums of a[0..7] as one vector, by pairwise interleave-and-add: 8 adds and 15
+// shuffles instead of 8 x 8 instructions.
+inline v8f sum8(const vf (&a)[8]) {
+    vf t[4];
+    for (int i = 0; i < 4; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3) of a = a[2i], b = a[2i+1]
+        t[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    vf u[2];
+    for (int i = 0; i < 2; ++i)  // per 128-bit lane: the lane's sums of a[4i .. 4i + 3]
+        u[i] = __builtin_shufflevector(t[2 * i], t[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+               __builtin_shufflevector(t[2 * i], t[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    // lanes (u0 L0+L1, u0 L2+L3, u1 L0+L1, u1 L2+L3), then the two halves of each added
+    const vf r = __builtin_shufflevector(u[0], u[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                 __builtin_shufflevector(u[0], u[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    return __builtin_shufflevector(r, r, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(r, r, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+inline v8f v8load(const float* p) { return *reinterpret_cast<const v8f*>(p); }
+template <typename TY> inline void v8store(TY* p, v8f v);
+template <> inline void v8store<float>(float* p, v8f v) { *reinterpret_cast<v8f*>(p) = v; }
+template <> inline void v8store<bf16_t>(bf16_t* p, v8f v) {  // as f2bf, 8 at a time
+    v8u u = reinterpret_cast<v8u&>(v);
+    v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    rounded = (u & 0x7fffffffu) > 0x7f800000u ? v8u{} + 0x7fc0u : rounded;
+    *reinterpret_cast<v8h*>(p) = __builtin_convertvector(rounded, v8h);
+}
+#endif
+
+// Sums the tile's accumulators (plus the K tail from k on), scales, adds the bias, stores.
+template <typename TW, typename TY, typename TX, int MR, int NR>
+inline void finish_tile(const LinearArgs& a, const TX* x, const TW* w, const vf (&acc)[MR][NR], int64_t k, TY* Y,
+                        int64_t m, int64_t n) {
+    for (int i = 0; i < MR; ++i) {
+        float s[NR];
+#if SGLK_VEC_BYTES == 64
+        if constexpr (NR == 8) {
+            v8f v = sum8(acc[i]);
+            if (k < a.K) {
+                for (int j = 0; j < NR; ++j)
+                    for (int64_t r = k; r < a.K; ++r) v[j] += ld<TX>(x + i * a.ldx, r) * ld<TW>(w + j * a.ldw, r);
+            }
+            if (a.w_scale) v *= v8load(a.w_scale + n);
+            if (a.bias) v += v8load(a.bias + n);
+            v8store<TY>(Y + (m + i) * a.ldy + n, v);
+            continue;
+        }
+#endif
+        for (int j = 0; j < NR; ++j) {
+            s[j] = hsum(acc[i][j]);
+            for (int64_t r = k; r < a.K; ++r) s[j] += ld<TX>(x + i * a.ldx, r) * ld<TW>(w + j * a.ldw, r);
+            if (a.w_scale) s[j] *= a.w_scale[n + j];
+            if (a.bias) s[j] += a.bias[n + j];
+            st<TY>(Y + (m + i) * a.ldy, n + j, s[j]);
+        }
     }
 }
 
-// Registers: 4 x MR accumulators + a weight vector + an activation; AVX2 has 16 of them.
-constexpr int kLinearMR = VL >= 16 ? 4 : 2;
-
-template <typename TW, typename TY, int MR>
-inline void linear_rows(const LinearArgs& a, const TW* w, TY* Y, int64_t m, int64_t n) {
-    float out[MR];
-    dot_rows<TW, MR>(a.x + m * a.ldx, a.ldx, w, a.K, out);
-    for (int i = 0; i < MR; ++i) {
-        float v = out[i];
-        if (a.w_scale) v *= a.w_scale[n];
-        if (a.bias) v += a.bias[n];
-        st<TY>(Y + (m + i) * a.ldy, n, v);
+template <typename TW, typename TY, int MR, int NR>
+inline void linear_tile(const LinearArgs& a, const TW* w, TY* Y, int64_t m, int64_t n, Prefetch pf) {
+    vf acc[MR][NR];
+    for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NR; ++j) acc[i][j] = vf{};
+#if SGLK_BF16_DOT
+    if constexpr (!kIsF32<TW>) {
+        if (dot_bf16(a)) {
+            const bf16_t* x = a.xb + m * a.ldx;
+            const int64_t k = dot_tile_bf16<TW, MR, NR>(x, a.ldx, w, a.ldw, a.K, pf, acc);
+            finish_tile<TW, TY, bf16_t, MR, NR>(a, x, w, acc, k, Y, m, n);
+            return;
+        }
     }
+#endif
+    const float* x = a.x + m * a.ldx;
+    const int64_t k = dot_tile<TW, MR, NR>(x, a.ldx, w, a.ldw, a.K, pf, acc);
+    finish_tile<TW, TY, float, MR, NR>(a, x, w, acc, k, Y, m, n);
+}
+
+template <typename TW, typename TY, int NR>
+inline void column_passes(const LinearArgs& a, const TW* w, TY* Y, int64_t n, Prefetch pf, int64_t share) {
+    for (int64_t m = 0; m < a.M; pf.p += share) {
+        const int rows = tile_rows(a.M - m);
+        if (rows == kLinearMR) linear_tile<TW, TY, kLinearMR, NR>(a, w, Y, m, n, pf);
+        else if (rows == 2) linear_tile<TW, TY, 2, NR>(a, w, Y, m, n, pf);
+        else linear_tile<TW, TY, 1, NR>(a, w, Y, m, n, pf);
+        m += rows;
+    }
+}
+
+// All M rows against weight rows n .. n + NR, prefetching the next NR rows' weights.
+template <typename TW, typename TY, int NR>
+void linear_column(const LinearArgs& a, const TW* W, TY* Y, int64_t n) {
+    const TW* w = W + n * a.ldw;
+    const int64_t kstep = dot_bf16(a) ? 32 : VL;
+    int64_t passes = 0;
+    for (int64_t rest = a.M; rest > 0; rest -= tile_rows(rest)) ++passes;
+    const int64_t ksteps = imax_(1, a.K / kstep);
+    const int64_t bytes = NR * a.ldw * int64_t(sizeof(TW));  // the next column's, contiguous
+    const int64_t share = (bytes + passes - 1) / passes;
+    Prefetch pf{reinterpret_cast<const char*>(w) + bytes, ((share + ksteps - 1) / ksteps + 63) / 64 * 64};
+#if SGLK_BF16_DOT
+    if constexpr (sizeof(TW) == 1) {
+        // int8 weights read by several passes: converted to bf16 once (exact), into a column
+        // buffer the passes read from L1, instead of 5 conversion instructions per 32 weights
+        // and pass.
+        constexpr int64_t kMaxK = 2048;
+        if (dot_bf16(a) && passes > 1 && a.K <= kMaxK) {
+            alignas(64) bf16_t buf[NR * kMaxK];
+            for (int j = 0; j < NR; ++j) {
+                int64_t k = 0;
+                for (; k + kDotK <= a.K; k += kDotK)
+                    *reinterpret_cast<vh2*>(buf + j * a.K + k) = dot_wvec<TW>(w + j * a.ldw + k);
+                for (; k < a.K; ++k) buf[j * a.K + k] = f2bf(float(w[j * a.ldw + k]));
+            }
+            LinearArgs b = a;
+            b.ldw = a.K;
+            column_passes<bf16_t, TY, NR>(b, buf, Y, n, pf, share);
+            return;
+        }
+    }
+#endif
+    column_passes<TW, TY, NR>(a, w, Y, n, pf, share);
 }
 
 template <typename TW, typename TY>
 void linear_t(const LinearArgs& a, int64_t n0, int64_t n1) {
     const TW* W = static_cast<const TW*>(a.w);
     TY* Y = static_cast<TY*>(a.y);
-    for (int64_t n = n0; n < n1; ++n) {
-        const TW* w = W + n * a.ldw;
-        int64_t m = 0;
-        for (; m + kLinearMR <= a.M; m += kLinearMR)  // later row groups re-read w from L1
-            linear_rows<TW, TY, kLinearMR>(a, w, Y, m, n);
-        for (; m < a.M; ++m) linear_rows<TW, TY, 1>(a, w, Y, m, n);
-    }
+    int64_t n = n0;
+    for (; n + kLinearNR <= n1; n += kLinearNR) linear_column<TW, TY, kLinearNR>(a, W, Y, n);
+    for (; n < n1; ++n) linear_column<TW, TY, 1>(a, W, Y, n);
 }
 
 template <typename TW>
@@ -344,6 +517,8 @@ void argmax_t(const void* xv, int64_t ldx, int64_t V, int64_t* out, int64_t r0, 
 }
 
 }  // namespace
+
+bool linear_reads_bf16(WType wt) { return kBf16Dot && wt != WType::F32; }
 
 void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
     switch (a.wtype) {

@@ -19,7 +19,7 @@ namespace sglk {
 namespace {
 
 #define SGLK_TABLE(ns) \
-    Kernels { #ns, &ns::linear, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
+    Kernels { #ns, &ns::linear, &ns::linear_reads_bf16, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
               &ns::decode_attention_split, &ns::decode_attention_combine, &ns::extend_attention, \
               &ns::vector_lanes, &ns::argmax_rows }
 
@@ -35,22 +35,29 @@ bool cpu_has_avx2() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+bool cpu_has_avx512bf16() {
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 bool cpu_runs(const std::string& isa) {
-    return isa == "generic" || (isa == "avx2" && cpu_has_avx2()) || (isa == "avx512" && cpu_has_avx512());
+    return isa == "generic" || (isa == "avx2" && cpu_has_avx2()) || (isa == "avx512" && cpu_has_avx512()) ||
+           (isa == "avx512bf16" && cpu_has_avx512bf16());
 }
 
 Kernels table(const std::string& isa) {
+    if (isa == "avx512bf16") return SGLK_TABLE(avx512bf16);
     if (isa == "avx512") return SGLK_TABLE(avx512);
     if (isa == "avx2") return SGLK_TABLE(avx2);
     return SGLK_TABLE(generic);
 }
 
-// The best kernels this CPU runs; SGL_KERNEL_ISA=generic|avx2|avx512 asks for another one
+// The best kernels this CPU runs; SGL_KERNEL_ISA=generic|avx2|avx512|avx512bf16 asks for another one
 // (ignored when the CPU lacks it).
 std::string initial_isa() {
     const char* want = std::getenv("SGL_KERNEL_ISA");
     if (want && cpu_runs(want)) return want;
-    return cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
+    return cpu_has_avx512bf16() ? "avx512bf16" : cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
 }
 
 }  // namespace
@@ -117,9 +124,14 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
 // ---- thread splits ------------------------------------------------------------------------------
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
     const int64_t N = l.w->size(0), K = l.w->size(1);
+    const auto& kt = kernels();
     at::Tensor x32;
     const float* xf = static_cast<const float*>(x);
-    if (xt == DType::BF16) {  // bf16 -> fp32 is exact: the high half of the fp32 bits
+    const bf16_t* xb = nullptr;
+    if (xt == DType::BF16 && kt.linear_reads_bf16(l.wtype)) {
+        xb = static_cast<const bf16_t*>(x);
+        xf = nullptr;
+    } else if (xt == DType::BF16) {  // bf16 -> fp32 is exact: the high half of the fp32 bits
         x32 = at::empty({M * K}, at::TensorOptions().dtype(at::kFloat));
         float* dst = x32.data_ptr<float>();
         for (int64_t m = 0; m < M; ++m) {
@@ -132,12 +144,14 @@ void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int6
         xf = dst;
         ldx = K;
     }
-    LinearArgs a{xf, M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+    LinearArgs a{xf, xb, M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                  l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
                  l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
-    const auto& kt = kernels();
-    // a thread takes at least 64 output rows (blocks of 4), so small layers stay on one
-    at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) { kt.linear(a, b0 * 4, std::min(N, b1 * 4)); });
+    // blocks of 24 output rows (whole register tiles on every ISA); a thread takes at least 3,
+    // so small layers stay on one
+    constexpr int64_t kBlock = 24;
+    at::parallel_for(0, (N + kBlock - 1) / kBlock, 3,
+                     [&](int64_t b0, int64_t b1) { kt.linear(a, b0 * kBlock, std::min(N, b1 * kBlock)); });
 }
 
 void run_rmsnorm(const NormArgs& a, int64_t rows) {
@@ -466,7 +480,8 @@ void apply_token_bitmask_(at::Tensor& logits, const at::Tensor& bitmask, int64_t
 
 // Switches the kernel set (tests and benchmarks compare them); returns the one now in use.
 std::string use_isa(const std::string& name) {
-    TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512", "sgl_kernel: unknown ISA ", name);
+    TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512" || name == "avx512bf16",
+                "sgl_kernel: unknown ISA ", name);
     TORCH_CHECK(cpu_runs(name), "sgl_kernel: this CPU cannot run the ", name, " kernels");
     kernels() = table(name);
     return kernels().name;

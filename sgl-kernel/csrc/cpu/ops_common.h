@@ -11,6 +11,7 @@ namespace sglk {
 struct Kernels {
     const char* name;
     decltype(&generic::linear) linear;
+    decltype(&generic::linear_reads_bf16) linear_reads_bf16;
     decltype(&generic::rmsnorm) rmsnorm;
     decltype(&generic::silu_and_mul) silu_and_mul;
     decltype(&generic::rope) rope;
@@ -45,7 +46,8 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
 
 // The thread splits. `a` is complete except for the fields each launcher documents.
 // y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
-// ldx); bf16 x is copied to fp32 first (exactly), the kernel's input type.
+// ldx); bf16 x is read as it is where the kernels multiply bf16 pairs (AVX512-BF16), else copied
+// to fp32 first (exactly).
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt);
 void run_rmsnorm(const NormArgs& a, int64_t rows);
 void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows);

@@ -61,7 +61,7 @@ def supported_isas() -> list:
     """The kernel sets this CPU can run, lowest first (empty without the library)."""
     if not load():
         return []
-    return [name for name in ("generic", "avx2", "avx512") if torch.ops.sgl_kernel.cpu_supports(name)]
+    return [name for name in ("generic", "avx2", "avx512", "avx512bf16") if torch.ops.sgl_kernel.cpu_supports(name)]
 
 
 def use_isa(name: str) -> str:

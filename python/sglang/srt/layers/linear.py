@@ -154,7 +154,7 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     return count
 
 
-SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
+SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_CANDIDATE_ROWS
