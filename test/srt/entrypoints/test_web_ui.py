@@ -114,7 +114,9 @@ def test_chat_dashboard_and_stop_in_a_real_browser(server, tmp_path):
 
         # the live view follows a long request started elsewhere
         generated = int(stat("generated tokens") or 0)
-        t = _long_request(server, 1200)
+        # (long enough that the page's 1 s refresh sees it running: 1200 tokens of the tiny model
+        # were sometimes over within one refresh once decode got faster)
+        t = _long_request(server, 3500)
         wait.until(lambda d: stat("running") == "1")
         wait.until(lambda d: int(stat("generated tokens")) > generated)
         t.join(timeout=300)
