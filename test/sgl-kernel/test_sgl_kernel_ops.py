@@ -85,6 +85,19 @@ def test_linear_int8_weights(isa, M):
     _close(ops.linear(x, w, scale, None), want, torch.float32, atol=1e-4, rtol=1e-4)
 
 
+def test_avx512bf16_linear_multiplies_bf16_pairs(isa):
+    """The avx512bf16 set must really take the vdpbf16ps path for bf16 x bf16 (a dispatch slip
+    would pass every accuracy test on the FMA path). Its fingerprint: the instruction flushes a
+    denormal input to zero, which an fp32 FMA does not."""
+    x = torch.zeros(1, 32, dtype=torch.bfloat16)
+    w = torch.zeros(4, 32, dtype=torch.bfloat16)
+    x[0, 0] = 2.0 ** -130  # a bf16 denormal
+    w[:, 0] = 2.0 ** 100
+    got = ops.linear(x, w, None, None).float()
+    want = 0.0 if isa == "avx512bf16" else 2.0 ** -30
+    assert torch.equal(got, torch.full((1, 4), want)), (isa, got)
+
+
 @pytest.mark.parametrize("M", [1, 4, 16])
 @pytest.mark.parametrize("K", [65, 576, 2100])
 def test_linear_int8_weights_bf16_activations(isa, M, K):

@@ -77,11 +77,11 @@ template <> inline vf vld<int8_t>(const int8_t* p) {  // GCC scalarises a conver
 #endif
 }
 
-inline vu bf_round_bits(vf v) {  // the bf16 bits of v, in the low half of each lane
-    vu u = reinterpret_cast<vu&>(v);
-    vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? vu{} + 0x7fc0u : rounded;
+template <typename U> inline U bf_round_u(U u) {  // f2bf of fp32 bits, any uint32 vector width
+    U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : rounded;
 }
+inline vu bf_round_bits(vf v) { return bf_round_u(reinterpret_cast<vu&>(v)); }  // bf16 bits in the low half
 
 template <typename T> inline void vst(T* p, vf v);
 template <> inline void vst<float>(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
@@ -195,9 +195,10 @@ inline int64_t dot_tile(const float* x, int64_t ldx, const TW* w, int64_t ldw, i
     return k;
 }
 
+constexpr int kDotK = 32;  // bf16 weights per vdpbf16ps step
+
 #if SGLK_BF16_DOT
 constexpr bool kBf16Dot = true;
-constexpr int kDotK = 32;  // bf16 pairs per vdpbf16ps
 
 // acc += pairwise bf16 products (vdpbf16ps). Inline asm: with the intrinsic, GCC stored every
 // accumulator of a tile to the stack at each k-step (a 2x slowdown).
@@ -236,8 +237,9 @@ inline int64_t dot_tile_bf16(const bf16_t* x, int64_t ldx, const TW* w, int64_t 
 constexpr bool kBf16Dot = false;
 #endif
 
-// Whether this ISA's kernel reads the activations as bf16 (a.xb): bf16 or int8 weights on AVX512-BF16.
-inline bool dot_bf16(const LinearArgs& a) { return kBf16Dot && a.xb && a.wtype != WType::F32; }
+// Whether this ISA's kernel reads bf16 activations as they are: bf16 or int8 weights on AVX512-BF16.
+inline bool reads_bf16(WType wt) { return kBf16Dot && wt != WType::F32; }
+inline bool dot_bf16(const LinearArgs& a) { return a.xb && reads_bf16(a.wtype); }
 
 template <typename T> constexpr bool kIsF32 = false;
 template <> constexpr bool kIsF32<float> = true;
@@ -267,27 +269,29 @@ inline v8f sum8(const vf (&a)[8]) {
 inline v8f v8load(const float* p) { return *reinterpret_cast<const v8f*>(p); }
 template <typename TY> inline void v8store(TY* p, v8f v);
 template <> inline void v8store<float>(float* p, v8f v) { *reinterpret_cast<v8f*>(p) = v; }
-template <> inline void v8store<bf16_t>(bf16_t* p, v8f v) {  // as f2bf, 8 at a time
-    v8u u = reinterpret_cast<v8u&>(v);
-    v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    rounded = (u & 0x7fffffffu) > 0x7f800000u ? v8u{} + 0x7fc0u : rounded;
-    *reinterpret_cast<v8h*>(p) = __builtin_convertvector(rounded, v8h);
+template <> inline void v8store<bf16_t>(bf16_t* p, v8f v) {
+    *reinterpret_cast<v8h*>(p) = __builtin_convertvector(bf_round_u(reinterpret_cast<v8u&>(v)), v8h);
 }
 #endif
+
+// x[k:K] . w[k:K]: the K tail after the vector steps.
+template <typename TX, typename TW>
+inline float tail_dot(const TX* x, const TW* w, int64_t k, int64_t K) {
+    float s = 0.0f;
+    for (; k < K; ++k) s += ld<TX>(x, k) * ld<TW>(w, k);
+    return s;
+}
 
 // Sums the tile's accumulators (plus the K tail from k on), scales, adds the bias, stores.
 template <typename TW, typename TY, typename TX, int MR, int NR>
 inline void finish_tile(const LinearArgs& a, const TX* x, const TW* w, const vf (&acc)[MR][NR], int64_t k, TY* Y,
                         int64_t m, int64_t n) {
     for (int i = 0; i < MR; ++i) {
-        float s[NR];
+        const TX* xi = x + i * a.ldx;
 #if SGLK_VEC_BYTES == 64
         if constexpr (NR == 8) {
             v8f v = sum8(acc[i]);
-            if (k < a.K) {
-                for (int j = 0; j < NR; ++j)
-                    for (int64_t r = k; r < a.K; ++r) v[j] += ld<TX>(x + i * a.ldx, r) * ld<TW>(w + j * a.ldw, r);
-            }
+            for (int j = 0; j < NR; ++j) v[j] += tail_dot(xi, w + j * a.ldw, k, a.K);
             if (a.w_scale) v *= v8load(a.w_scale + n);
             if (a.bias) v += v8load(a.bias + n);
             v8store<TY>(Y + (m + i) * a.ldy + n, v);
@@ -295,11 +299,10 @@ inline void finish_tile(const LinearArgs& a, const TX* x, const TW* w, const vf 
         }
 #endif
         for (int j = 0; j < NR; ++j) {
-            s[j] = hsum(acc[i][j]);
-            for (int64_t r = k; r < a.K; ++r) s[j] += ld<TX>(x + i * a.ldx, r) * ld<TW>(w + j * a.ldw, r);
-            if (a.w_scale) s[j] *= a.w_scale[n + j];
-            if (a.bias) s[j] += a.bias[n + j];
-            st<TY>(Y + (m + i) * a.ldy, n + j, s[j]);
+            float s = hsum(acc[i][j]) + tail_dot(xi, w + j * a.ldw, k, a.K);
+            if (a.w_scale) s *= a.w_scale[n + j];
+            if (a.bias) s += a.bias[n + j];
+            st<TY>(Y + (m + i) * a.ldy, n + j, s);
         }
     }
 }
@@ -339,7 +342,7 @@ inline void column_passes(const LinearArgs& a, const TW* w, TY* Y, int64_t n, Pr
 template <typename TW, typename TY, int NR>
 void linear_column(const LinearArgs& a, const TW* W, TY* Y, int64_t n) {
     const TW* w = W + n * a.ldw;
-    const int64_t kstep = dot_bf16(a) ? 32 : VL;
+    const int64_t kstep = dot_bf16(a) ? kDotK : VL;
     int64_t passes = 0;
     for (int64_t rest = a.M; rest > 0; rest -= tile_rows(rest)) ++passes;
     const int64_t ksteps = imax_(1, a.K / kstep);
@@ -518,7 +521,7 @@ void argmax_t(const void* xv, int64_t ldx, int64_t V, int64_t* out, int64_t r0, 
 
 }  // namespace
 
-bool linear_reads_bf16(WType wt) { return kBf16Dot && wt != WType::F32; }
+bool linear_reads_bf16(WType wt) { return reads_bf16(wt); }
 
 void linear(const LinearArgs& a, int64_t n0, int64_t n1) {
     switch (a.wtype) {
