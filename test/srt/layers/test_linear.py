@@ -102,7 +102,8 @@ def test_packing_skipped_when_copies_exceed_the_memory_budget():
 def test_crossover_search_stops_at_the_first_row_count_where_the_other_path_wins():
     import time
 
-    from sglang.srt.layers.linear import ReplicatedLinear, _crossover
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang.srt.layers.linear_crossover import _crossover
 
     mod = ReplicatedLinear(8, 8)
     mod.weight.data.normal_()
@@ -116,15 +117,17 @@ def test_crossover_search_stops_at_the_first_row_count_where_the_other_path_wins
 
 
 @pytest.mark.parametrize("dtype,quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
-def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(monkeypatch, dtype, quantize):
+def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(monkeypatch, tmp_path, dtype, quantize):
     from torch import nn
 
     from sglang.srt.layers import cpu_ops, quantization
-    from sglang.srt.layers.linear import SMALL_M_CANDIDATE_ROWS, ReplicatedLinear, measure_small_m_rows, pack_linear_weights
+    from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+    from sglang.srt.layers.linear_crossover import SMALL_M_CANDIDATE_ROWS, measure_small_m_rows
 
     if not cpu_ops.available():
         pytest.skip("sgl-kernel is not built")
     monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
+    monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
     # a sentinel no measurement gives (and this test's measurement stays in the test)
     monkeypatch.setitem(cpu_ops._state, "max_rows", {dtype: 99, torch.int8: 99})
     g = torch.Generator().manual_seed(5)
@@ -136,13 +139,13 @@ def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(
     if quantize:
         assert quantization.quantize_linear_weights_int8(model) == 2
     pack_linear_weights(model)
-    found = measure_small_m_rows(model)
-    assert set(found) == ({dtype, torch.int8} if quantize else {dtype})
+    found, source = measure_small_m_rows(model)
+    assert set(found) == ({dtype, torch.int8} if quantize else {dtype}), source
     for kind, rows in found.items():
-        assert rows == 0 or rows in SMALL_M_CANDIDATE_ROWS
+        assert rows in SMALL_M_CANDIDATE_ROWS  # at least 1: the fused decode layer needs it
         assert cpu_ops.linear_max_rows(kind) == rows
     rows = max(found.values())
-    for n in {max(rows, 1), rows + 1}:  # the kernel's side and oneDNN's side of the crossover
+    for n in {rows, rows + 1}:  # the kernel's side and oneDNN's side of the crossover
         x = torch.randn(n, 256, generator=g).to(dtype)
         ref = F.linear(x.double(), model.a.weight.double(), model.a.bias.double())
         tol = dict(rtol=2e-2, atol=0.5) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-3)
@@ -150,4 +153,64 @@ def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(
             tol = dict(rtol=5e-2, atol=2.0)  # int8 weights: per-channel rounding
         torch.testing.assert_close(model.a(x).double(), ref, **tol)
     monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "3")  # the override: nothing measured
-    assert measure_small_m_rows(model) == {} and cpu_ops.linear_max_rows(dtype) == 3
+    assert measure_small_m_rows(model) == ({}, "") and cpu_ops.linear_max_rows(dtype) == 3
+
+
+_MEASURE_IN_A_FRESH_PROCESS = """
+import json, torch
+from torch import nn
+from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+from sglang.srt.layers.linear_crossover import measure_small_m_rows
+torch.manual_seed(0)
+model = nn.Module()
+model.a, model.b = ReplicatedLinear(256, 512), ReplicatedLinear(512, 256)
+for p in model.parameters():
+    p.data.normal_()
+model.to(torch.bfloat16)
+pack_linear_weights(model)
+found, source = measure_small_m_rows(model)
+print(json.dumps({"rows": found[torch.bfloat16], "source": source}))
+"""
+
+
+def _measure_in_a_fresh_process(cache: str, threads: int = 1) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SGLANG_CPU_TUNING_CACHE": cache, "OMP_NUM_THREADS": str(threads)}
+    env.pop("SGLANG_CPU_SMALL_M_LINEAR", None)
+    out = subprocess.run([sys.executable, "-c", _MEASURE_IN_A_FRESH_PROCESS], env=env, check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes(tmp_path):
+    """Seeded sampling depends on the choice (the two paths round differently), so a second
+    server on the machine must make the first one's choice, not time it again."""
+    import json
+
+    from sglang.srt.layers import cpu_ops
+
+    if not cpu_ops.available():
+        pytest.skip("sgl-kernel is not built")
+    cache = tmp_path / "sub" / "rows.json"  # the directory is made too
+    first = _measure_in_a_fresh_process(str(cache))
+    assert first["source"].startswith("measured on these weights"), first
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["rows"] == {"torch.bfloat16": first["rows"]} and entry["key"]["threads"] == 1
+    # a later process reads it: proven by a value no timing would give on its own here
+    entry["rows"] = {"torch.bfloat16": 2 if first["rows"] != 2 else 4}
+    cache.write_text(json.dumps({k: entry for k in json.loads(cache.read_text())}))
+    second = _measure_in_a_fresh_process(str(cache))
+    assert second == {"rows": entry["rows"]["torch.bfloat16"], "source": f"cached in {cache}"}
+    # other threads: another key, measured and added next to the first
+    other = _measure_in_a_fresh_process(str(cache), threads=2)
+    assert other["source"].startswith("measured"), other
+    assert len(json.loads(cache.read_text())) == 2
+    # a damaged file is measured again and rewritten; "0" turns the cache off
+    cache.write_text("{not json")
+    assert _measure_in_a_fresh_process(str(cache))["source"].startswith("measured")
+    assert len(json.loads(cache.read_text())) == 1
+    assert _measure_in_a_fresh_process("0")["source"].startswith("measured")

@@ -4,8 +4,8 @@ library is built and loads, else the layers' own torch expressions.
 One decision per process, reported once (`describe()`, logged by the model runner); layers ask
 `enabled(tensor)` before calling an op. `SGLANG_DISABLE_SGL_KERNEL=1` forces the fallbacks.
 Small-M linears (decode) go to `sgl_kernel.linear` up to `linear_max_rows(dtype)` rows, measured
-per process at load time; larger ones stay on oneDNN (layers/linear.py), which is faster once the
-GEMM is compute-bound.
+once per machine and model shapes (layers/linear_crossover.py); larger ones stay on oneDNN
+(layers/linear.py), which is faster once the GEMM is compute-bound.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -64,12 +65,23 @@ def describe() -> str:
     return f"CPU ops: torch fallbacks ({_state['why']})"
 
 
+def isa_name() -> str:
+    """The kernel set the ops run ("avx2", "avx512bf16", ...), "torch" for the fallbacks."""
+    return _sgl_kernel.isa() if available() else "torch"
+
+
+def library_path() -> Optional[Path]:
+    """The sgl-kernel library this process loads (None without the package)."""
+    return None if _sgl_kernel is None else _sgl_kernel.library_path()
+
+
 def linear_max_rows(dtype: torch.dtype) -> int:
     """Rows up to which `sgl_kernel.linear` takes a linear with weights of `dtype` (torch.int8:
     `--quantization w8a16_int8`); beyond them oneDNN does. The model runner measures it on the
-    model's own weights at load time (`linear.measure_small_m_rows`): the crossover differs between
-    machines by up to 8x (benchmark/RESULTS.md). Before a measurement: 1 row, where the kernel has
-    won on every machine measured. SGLANG_CPU_SMALL_M_LINEAR=N overrides both (0 turns it off)."""
+    model's own weights once per machine (layers/linear_crossover.py): the crossover differs
+    between machines by up to 8x (benchmark/RESULTS.md). Before a measurement: 1 row, where the
+    kernel has won on every machine measured. SGLANG_CPU_SMALL_M_LINEAR=N overrides both (0
+    turns it off)."""
     fixed = fixed_linear_max_rows()
     if fixed is not None:
         return fixed

@@ -19,8 +19,7 @@ to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized co
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -152,76 +151,6 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
         count += 1
     return count
-
-
-SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_CANDIDATE_ROWS
-                         ) -> Dict[torch.dtype, int]:
-    """Measures up to how many rows `sgl_kernel.linear` beats the path beyond it (oneDNN on the
-    packed copy, else F.linear) on this model's own linear weights, with this process's threads,
-    records it (`cpu_ops.set_linear_max_rows`) and returns it per weight dtype.
-
-    Each timing is one pass over every linear weight in layer order, so that the weights stream
-    from memory as in a decode step; the search stops at the first candidate row count where the
-    other path wins. The int8 kernel (`--quantization w8a16_int8`) is compared afterwards with
-    what `linear` does without it. Empty when sgl-kernel is not in use or
-    SGLANG_CPU_SMALL_M_LINEAR fixes the rows.
-    """
-    if cpu_ops.fixed_linear_max_rows() is not None:
-        return {}
-    mods = [m for m in cpu_linear_modules(model) if cpu_ops.enabled(m.weight)]
-    if not mods:
-        return {}
-    dtype = mods[0].weight.dtype
-    mods = [m for m in mods if m.weight.dtype == dtype]
-    found = {dtype: _crossover(mods, dtype, candidates,
-                               small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.weight, None, m.bias),
-                               other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.packed_weight))}
-    cpu_ops.set_linear_max_rows(dtype, found[dtype])
-    quantized = [m for m in mods if m.int8_weight is not None]
-    if quantized:
-        found[torch.int8] = _crossover(
-            quantized, dtype, candidates,
-            small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.int8_weight[0], m.int8_weight[1], m.bias),
-            other=lambda x, m: linear(x, m.weight, m.bias, m.packed_weight))
-        cpu_ops.set_linear_max_rows(torch.int8, found[torch.int8])
-    return found
-
-
-def _crossover(mods: List[nn.Module], dtype: torch.dtype, candidates: Sequence[int],
-               small: Callable, other: Callable) -> int:
-    """The largest of `candidates` (ascending) up to which `small` is at least as fast as `other`
-    over one pass of `mods`; 0 when `other` wins from the first."""
-    widths = {m.weight.shape[1] for m in mods}
-    best = 0
-    with torch.inference_mode():
-        for rows in candidates:
-            xs = {k: torch.randn(rows, k).to(dtype) for k in widths}
-            t_small, t_other = _least_seconds([lambda fn=fn: [fn(xs[m.weight.shape[1]], m) for m in mods]
-                                               for fn in (small, other)])
-            if t_small > t_other:
-                break
-            best = rows
-    return best
-
-
-def _least_seconds(passes: List[Callable], min_total: float = 0.02, max_rounds: int = 50) -> List[float]:
-    """Each pass's least time over at least 3 rounds (more for short passes), the passes
-    alternating so that a change in the machine's load hits both alike."""
-    for run in passes:  # warm-up: first-touch of outputs, oneDNN primitive creation
-        run()
-    least = [float("inf")] * len(passes)
-    total, rounds = 0.0, 0
-    while rounds < 3 or (total < min_total and rounds < max_rounds):
-        for i, run in enumerate(passes):
-            start = time.perf_counter()
-            run()
-            took = time.perf_counter() - start
-            least[i], total = min(least[i], took), total + took
-        rounds += 1
-    return least
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import logging
 import os
-import time
 from typing import Any, Optional
 
 import torch
@@ -32,7 +31,8 @@ from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
-from sglang.srt.layers.linear import measure_small_m_rows, pack_linear_weights
+from sglang.srt.layers.linear import pack_linear_weights
+from sglang.srt.layers.linear_crossover import measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
@@ -108,12 +108,11 @@ class ModelRunner:
             logger.info(f"oneDNN-packed {packed} linear weights" if packed else
                         "linear weights not packed (no oneDNN, or the copies would take over half of the "
                         "available memory): using F.linear")
-        start = time.perf_counter()
-        rows = measure_small_m_rows(self.model)  # {} unless CPU with sgl-kernel and no fixed rows
+        rows, source = measure_small_m_rows(self.model)  # {} unless CPU with sgl-kernel and no fixed rows
         if rows:
             logger.info("sgl_kernel.linear up to " + ", ".join(
                 f"{n} row{'' if n == 1 else 's'} ({str(d).split('.')[1]})" for d, n in rows.items())
-                + f"; oneDNN beyond (measured on these weights in {time.perf_counter() - start:.1f} s)")
+                + f"; oneDNN beyond ({source})")
         gc.collect()
         after = available_memory_bytes(self.device)
         logger.info(

@@ -1,0 +1,224 @@
+"""Up to how many rows `sgl_kernel.linear` takes a CPU linear (decode) before oneDNN does: measured
+once per machine, model shapes and thread count, then kept.
+
+The crossover differs between machines by up to 8x (benchmark/RESULTS.md), so it is timed on the
+model's own weights with the scheduler's threads. The two paths round the last bits of a sum
+differently, so the choice is also part of what a seeded request samples: measuring it afresh at
+every start made `--random-seed` runs differ between processes on a busy machine. Hence the
+measurement is kept in a per-user cache file, keyed by everything it depends on (CPU model, kernel
+set and library build, torch version, threads, the weights' shapes and dtype); later processes
+with the same key read it, and concurrent ones wait for the first (a file lock), so every server
+on the machine makes the same choice until the library, torch or the cores change.
+
+`SGLANG_CPU_TUNING_CACHE=<file>` moves the cache; `SGLANG_CPU_TUNING_CACHE=0` measures at every
+start (in one process a model's shapes are still measured once). `SGLANG_CPU_SMALL_M_LINEAR=N`
+fixes the rows and skips all of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.layers import cpu_ops
+from sglang.srt.layers.linear import _large_m_linear, cpu_linear_modules, linear
+
+logger = logging.getLogger(__name__)
+
+SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+_measured_here: Dict[str, Dict[str, int]] = {}  # key digest -> rows per dtype name, this process
+
+
+def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_CANDIDATE_ROWS
+                         ) -> Tuple[Dict[torch.dtype, int], str]:
+    """Up to how many rows `sgl_kernel.linear` beats the path beyond it (oneDNN on the packed
+    copy, else F.linear) on this model's linear weights, per weight dtype (torch.int8 for
+    `--quantization w8a16_int8`, compared with what `linear` does without the int8 kernel);
+    recorded with `cpu_ops.set_linear_max_rows`. Returns the rows and where they came from
+    ("measured in 0.5 s", "cached in <file>"); ({}, "") when sgl-kernel is not in use or
+    SGLANG_CPU_SMALL_M_LINEAR fixes the rows.
+
+    Each timing is one pass over every linear weight in layer order, so that the weights stream
+    from memory as in a decode step; the search stops at the first candidate where the other
+    path wins. The result is at least 1 row: at one row the kernel also lets the decoder layer
+    run fused (layers/fused_decode.py), which saves more of a step than a linear timing sees.
+    """
+    if cpu_ops.fixed_linear_max_rows() is not None:
+        return {}, ""
+    mods = [m for m in cpu_linear_modules(model) if cpu_ops.enabled(m.weight)]
+    if not mods:
+        return {}, ""
+    dtype = mods[0].weight.dtype
+    mods = [m for m in mods if m.weight.dtype == dtype]
+    quantized = [m for m in mods if m.int8_weight is not None]
+    digest, key = _cache_key(mods, bool(quantized), candidates)
+    source = "measured earlier in this process"
+    rows = _measured_here.get(digest)
+    if rows is None:
+        with _locked_cache() as (path, entries):
+            rows = entries.get(digest, {}).get("rows")
+            source = f"cached in {path}"
+            if rows is None:
+                start = time.perf_counter()
+                rows = _measure(mods, quantized, dtype, candidates)
+                source = f"measured on these weights in {time.perf_counter() - start:.1f} s"
+                if path is not None:
+                    entries[digest] = {"rows": rows, "key": key, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+                    _write(path, entries)
+        _measured_here[digest] = rows
+    found = {_DTYPE_BY_NAME[name]: n for name, n in rows.items()}
+    for kind, n in found.items():
+        cpu_ops.set_linear_max_rows(kind, n)
+    return found, source
+
+
+def _measure(mods: List[nn.Module], quantized: List[nn.Module], dtype: torch.dtype,
+             candidates: Sequence[int]) -> Dict[str, int]:
+    rows = {str(dtype): max(1, _crossover(
+        mods, dtype, candidates,
+        small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.weight, None, m.bias),
+        other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.packed_weight)))}
+    if quantized:
+        cpu_ops.set_linear_max_rows(dtype, rows[str(dtype)])  # what `linear` does without int8
+        rows[str(torch.int8)] = max(1, _crossover(
+            quantized, dtype, candidates,
+            small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.int8_weight[0], m.int8_weight[1], m.bias),
+            other=lambda x, m: linear(x, m.weight, m.bias, m.packed_weight)))
+    return rows
+
+
+_DTYPE_BY_NAME = {str(d): d for d in (torch.float32, torch.bfloat16, torch.int8)}
+
+
+def _crossover(mods: List[nn.Module], dtype: torch.dtype, candidates: Sequence[int],
+               small: Callable, other: Callable) -> int:
+    """The largest of `candidates` (ascending) up to which `small` is at least as fast as `other`
+    over one pass of `mods`; 0 when `other` wins from the first."""
+    widths = {m.weight.shape[1] for m in mods}
+    best = 0
+    with torch.inference_mode():
+        for rows in candidates:
+            xs = {k: torch.randn(rows, k).to(dtype) for k in widths}
+            t_small, t_other = _least_seconds([lambda fn=fn: [fn(xs[m.weight.shape[1]], m) for m in mods]
+                                               for fn in (small, other)])
+            if t_small > t_other:
+                break
+            best = rows
+    return best
+
+
+def _least_seconds(passes: List[Callable], min_total: float = 0.02, max_rounds: int = 50) -> List[float]:
+    """Each pass's least time over at least 3 rounds (more for short passes), the passes
+    alternating so that a change in the machine's load hits both alike."""
+    for run in passes:  # warm-up: first-touch of outputs, oneDNN primitive creation
+        run()
+    least = [float("inf")] * len(passes)
+    total, rounds = 0.0, 0
+    while rounds < 3 or (total < min_total and rounds < max_rounds):
+        for i, run in enumerate(passes):
+            start = time.perf_counter()
+            run()
+            took = time.perf_counter() - start
+            least[i], total = min(least[i], took), total + took
+        rounds += 1
+    return least
+
+
+def _cache_key(mods: List[nn.Module], quantized: bool, candidates: Sequence[int]) -> Tuple[str, dict]:
+    """Everything the measurement depends on, and its digest."""
+    key = {
+        "cpu": _cpu_model(), "isa": cpu_ops.isa_name(), "library": _library_digest(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "dtype": str(mods[0].weight.dtype), "int8": quantized, "candidates": list(candidates),
+        "weights": _weight_shapes(mods),
+    }
+    return hashlib.sha1(json.dumps(key).encode()).hexdigest(), key
+
+
+def _weight_shapes(mods: List[nn.Module]) -> List[str]:
+    """Each timed weight shape with its count, in order of first use: "576x1536 packed x30"."""
+    counts: Dict[str, int] = {}
+    for m in mods:
+        shape = "x".join(map(str, m.weight.shape)) + (" packed" if m.packed_weight is not None else "") + (
+            " bias" if m.bias is not None else "")
+        counts[shape] = counts.get(shape, 0) + 1
+    return [f"{shape} x{n}" for shape, n in counts.items()]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _library_digest() -> str:
+    path = cpu_ops.library_path()
+    if path is None:
+        return "none"
+    try:
+        return hashlib.sha1(path.read_bytes()).hexdigest()
+    except OSError:
+        return "unknown"
+
+
+def cache_path() -> Optional[Path]:
+    """The cache file (SGLANG_CPU_TUNING_CACHE, default ~/.cache/sglang/cpu_linear_rows.json), or
+    None when caching is off."""
+    env = os.environ.get("SGLANG_CPU_TUNING_CACHE")
+    if env is not None:
+        return None if env.strip() in ("", "0") else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sglang" / "cpu_linear_rows.json"
+
+
+@contextlib.contextmanager
+def _locked_cache():
+    """(path, entries) under an exclusive lock of the cache; (None, {}) without a usable cache."""
+    path = cache_path()
+    lock = None
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(str(path) + ".lock", "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:
+            logger.warning(f"CPU tuning cache {path} unusable ({e}): measuring without it")
+            path = None
+    try:
+        yield path, (_read(path) if path is not None else {})
+    finally:
+        if lock is not None:
+            lock.close()  # releases the lock
+
+
+def _read(path: Path) -> dict:
+    try:
+        entries = json.loads(path.read_text())
+        return entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError):
+        return {}  # absent or damaged: measured again and rewritten
+
+
+def _write(path: Path, entries: dict) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(entries, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        logger.warning(f"CPU tuning cache {path} not written ({e})")
