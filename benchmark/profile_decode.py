@@ -183,6 +183,14 @@ def time_prefills(sched, args, vocab) -> None:
         tails = synthetic_prompts(args.batch, args.input_len, vocab, 200 + r)
         times.append(run([prefix + t for t in tails], f"batch{r}"))
     t = statistics.median(times[1:])
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as tp:  # one more round, for where its time goes
+        run([p + t for p, t in zip([prefix] * args.batch, synthetic_prompts(args.batch, args.input_len, vocab, 999))],
+            "profiled")
+    print("\n### torch.profiler of one more prefill, sorted by self CPU time\n```")
+    print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    print("```")
     print_table(f"Whole prefills ({args.model}:{args.dtype}, {args.batch} x ({args.prefix_len} cached + "
                 f"{args.input_len} new tokens), median of {args.prefill})",
                 ["ms", "new tokens/s", "runs ms"],

@@ -113,6 +113,49 @@ def test_linear_int8_weights_bf16_activations(isa, M, K):
     _close(ops.linear(x, w, scale, bias), want, torch.bfloat16)
 
 
+def test_pack_linear_weight_layout():
+    """Panel p, pair q holds w[32p + c, 2q + e] at 2c + e; past K, zeros (the odd K's last pair)."""
+    N, K = 64, 7
+    w = torch.arange(N * K, dtype=torch.float32).reshape(N, K).bfloat16()
+    packed = ops.pack_linear_weight(w)
+    assert packed.shape == (2, 4, 64) and packed.dtype == torch.bfloat16
+    for p, q, c, e in [(0, 0, 0, 0), (0, 0, 0, 1), (1, 2, 31, 1), (1, 3, 5, 0), (0, 1, 17, 0)]:
+        assert packed[p, q, 2 * c + e] == w[32 * p + c, 2 * q + e]
+    assert (packed[:, 3, 1::2] == 0).all()
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.pack_linear_weight(torch.randn(48, 16).bfloat16())
+    with pytest.raises(RuntimeError, match="bf16"):
+        ops.pack_linear_weight(torch.randn(32, 16))
+
+
+@pytest.mark.parametrize("M", [1, 5, 12, 13, 25, 200])
+@pytest.mark.parametrize("N,K", [(32, 1), (96, 33), (64, 64), (32, 577)])
+def test_linear_panels(isa, M, N, K):
+    """Weights packed in panels: whole 12-row register tiles and every tail, M past the 192-row
+    block, odd K (the last k alone), one and several panels; on kernel sets without AVX512-BF16
+    the plain loop over the same layout."""
+    g = torch.Generator().manual_seed(M * 31 + N + K)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = torch.randn(N, K, generator=g).bfloat16()
+    bias = torch.randn(N, generator=g).bfloat16()
+    packed = ops.pack_linear_weight(w)
+    _close(ops.linear(x, packed, None, bias), F.linear(x.float(), w.float(), bias.float()).bfloat16(), torch.bfloat16)
+    _close(ops.linear(x, packed, None, None), F.linear(x.float(), w.float()).bfloat16(), torch.bfloat16)
+
+
+def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
+    w = torch.randn(64, 40).bfloat16()
+    packed = ops.pack_linear_weight(w)
+    x = torch.randn(2, 7, 56).bfloat16()[..., :40]  # strided rows under two leading dims
+    got = ops.linear(x, packed, None, None)
+    assert got.shape == (2, 7, 64)
+    _close(got, F.linear(x.float(), w.float()).bfloat16(), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bf16 activations"):
+        ops.linear(torch.randn(3, 40), packed, None, None)
+    with pytest.raises(RuntimeError, match="panel weights"):
+        ops.linear(torch.randn(3, 41).bfloat16(), packed, None, None)
+
+
 def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), w, eps)

@@ -25,7 +25,7 @@ namespace {
 
 // y [M, N] (dense, dtype dt) = x [M, K] (dense, dtype dt) @ w.T
 void linear_into(const LinearWeights& l, const void* x, int64_t M, DType dt, void* y) {
-    run_linear(l, x, dt, M, l.w->size(1), y, dt);
+    run_linear(l, x, dt, M, l.K, y, dt);
 }
 
 void check_norm_weight(const at::Tensor& w, int64_t H, const at::Tensor& x, const char* what) {
@@ -69,14 +69,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         check_norm_weight(*k_norm, d, hidden, "k_norm");
     }
     const LinearWeights qkv = linear_weights(qkv_w, qkv_scale, qkv_bias, H, "sgl_kernel.decode_layer: qkv");
-    TORCH_CHECK(qkv_w.size(0) == qkv_n, "sgl_kernel.decode_layer: qkv has ", qkv_w.size(0), " rows, heads say ", qkv_n);
+    TORCH_CHECK(qkv.N == qkv_n, "sgl_kernel.decode_layer: qkv has ", qkv.N, " rows, heads say ", qkv_n);
     const LinearWeights o = linear_weights(o_w, o_scale, o_bias, hq * d, "sgl_kernel.decode_layer: o_proj");
-    TORCH_CHECK(o_w.size(0) == H, "sgl_kernel.decode_layer: o_proj must give ", H, " features");
-    TORCH_CHECK(gate_up_w.dim() == 2 && gate_up_w.size(0) % 2 == 0, "sgl_kernel.decode_layer: gate_up must be [2I, H]");
-    const int64_t I = gate_up_w.size(0) / 2;
+    TORCH_CHECK(o.N == H, "sgl_kernel.decode_layer: o_proj must give ", H, " features");
     const LinearWeights gate_up = linear_weights(gate_up_w, gate_up_scale, gate_up_bias, H, "sgl_kernel.decode_layer: gate_up");
+    TORCH_CHECK(gate_up.N % 2 == 0, "sgl_kernel.decode_layer: gate_up must be [2I, H]");
+    const int64_t I = gate_up.N / 2;
     const LinearWeights down = linear_weights(down_w, down_scale, down_bias, I, "sgl_kernel.decode_layer: down");
-    TORCH_CHECK(down_w.size(0) == H, "sgl_kernel.decode_layer: down must give ", H, " features");
+    TORCH_CHECK(down.N == H, "sgl_kernel.decode_layer: down must give ", H, " features");
 
     // KV pool and batch metadata (as sgl_kernel.decode_attention checks them)
     TORCH_CHECK(k_cache.scalar_type() == hidden.scalar_type() && v_cache.scalar_type() == hidden.scalar_type() &&

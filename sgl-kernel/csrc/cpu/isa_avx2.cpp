@@ -9,5 +9,6 @@ namespace avx2 {
 constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
 #include "attention_impl.h"
+#include "panels_impl.h"
 }  // namespace avx2
 }  // namespace sglk

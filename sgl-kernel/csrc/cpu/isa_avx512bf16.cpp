@@ -11,5 +11,6 @@ namespace avx512bf16 {
 constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
 #include "attention_impl.h"
+#include "panels_impl.h"
 }  // namespace avx512bf16
 }  // namespace sglk

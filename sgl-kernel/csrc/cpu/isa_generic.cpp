@@ -9,5 +9,6 @@ namespace generic {
 constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
 #include "attention_impl.h"
+#include "panels_impl.h"
 }  // namespace generic
 }  // namespace sglk

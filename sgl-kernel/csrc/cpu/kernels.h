@@ -11,17 +11,19 @@
 namespace sglk {
 
 using bf16_t = uint16_t;
+constexpr int64_t kPanel = 32;  // output features per panel of BF16_PANELS weights
 
 enum class DType : int { F32 = 0, BF16 = 1 };
-enum class WType : int { F32 = 0, BF16 = 1, I8 = 2 };
+// BF16_PANELS: bf16 weights in pack_linear_weight's layout (panels_impl.h), for linear_panels.
+enum class WType : int { F32 = 0, BF16 = 1, I8 = 2, BF16_PANELS = 3 };
 
 struct LinearArgs {
     const float* x;      // [M, K] fp32 activations (row stride ldx), or nullptr
     const bf16_t* xb;    // [M, K] bf16 activations, or nullptr: read instead of x where
                          // linear_reads_bf16(wtype) (same row stride ldx)
     int64_t M, K, ldx;
-    const void* w;       // [N, K] weights, row stride ldw, of type wtype
-    int64_t ldw;
+    const void* w;       // [N, K] weights, row stride ldw, of type wtype (BF16_PANELS: panels of
+    int64_t ldw;         // 32 rows, ldw elements apart)
     WType wtype;
     const float* w_scale;  // [N] per-row dequant scales (I8 only)
     const float* bias;     // [N] or nullptr
@@ -98,6 +100,7 @@ struct ExtendAttnArgs {
     namespace ns {                                                                        \
     void linear(const LinearArgs& a, int64_t n_begin, int64_t n_end);                     \
     bool linear_reads_bf16(WType wtype);                                                  \
+    void linear_panels(const LinearArgs& a, int64_t panel_begin, int64_t panel_end);      \
     void rmsnorm(const NormArgs& a, int64_t row_begin, int64_t row_end);                  \
     void silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt,         \
                       int64_t row_begin, int64_t row_end);                                \

@@ -19,7 +19,7 @@ namespace sglk {
 namespace {
 
 #define SGLK_TABLE(ns) \
-    Kernels { #ns, &ns::linear, &ns::linear_reads_bf16, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
+    Kernels { #ns, &ns::linear, &ns::linear_reads_bf16, &ns::linear_panels, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
               &ns::decode_attention_split, &ns::decode_attention_combine, &ns::extend_attention, \
               &ns::vector_lanes, &ns::argmax_rows }
 
@@ -106,25 +106,63 @@ int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, con
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                              const c10::optional<at::Tensor>& bias, int64_t K, const char* op) {
     check_cpu(w, op);
-    TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, op, ": w must be [N, ", K, "] with dense rows, got ",
-                w.sizes());
-    LinearWeights l{&w, wtype_of(w, op), {}, {}};
+    LinearWeights l{&w, WType::BF16_PANELS, {}, {}, w.size(0) * kPanel, K};
+    if (w.dim() == 3) {
+        TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == (K + 1) / 2 &&
+                        w.size(2) == 2 * kPanel && !(scale.has_value() && scale->defined()),
+                    op, ": panel weights must be pack_linear_weight's [N / 32, ", (K + 1) / 2, ", 64] bf16, got ",
+                    w.sizes(), " ", w.scalar_type());
+    } else {
+        TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, op, ": w must be [N, ", K,
+                    "] with dense rows, got ", w.sizes());
+        l.wtype = wtype_of(w, op);
+        l.N = w.size(0);
+    }
     if (l.wtype == WType::I8) {
         TORCH_CHECK(scale.has_value() && scale->defined(), op, ": int8 weights need per-row scales");
         l.scale = scale->to(at::kFloat).contiguous();
-        TORCH_CHECK(l.scale.numel() == w.size(0), op, ": int8 weights need ", w.size(0), " scales");
+        TORCH_CHECK(l.scale.numel() == l.N, op, ": int8 weights need ", l.N, " scales");
     }
     if (bias.has_value() && bias->defined()) {
         l.bias = bias->to(at::kFloat).contiguous();
-        TORCH_CHECK(l.bias.numel() == w.size(0), op, ": bias needs ", w.size(0), " entries");
+        TORCH_CHECK(l.bias.numel() == l.N, op, ": bias needs ", l.N, " entries");
     }
     return l;
 }
 
+// A bf16 weight [N, K] (N a multiple of 32) in the panel layout of panels_impl.h:
+// [N / 32, ceil(K / 2), 64], panel p, pair q holding w[32p + c, 2q + e] at 2c + e, zero past K.
+at::Tensor pack_linear_weight(const at::Tensor& w) {
+    check_cpu(w, "w");
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.size(0) % kPanel == 0,
+                "sgl_kernel.pack_linear_weight: w must be bf16 [N, K] with N a multiple of ", kPanel, ", got ",
+                w.sizes(), " ", w.scalar_type());
+    const at::Tensor wc = w.contiguous();
+    const int64_t N = w.size(0), K = w.size(1), pairs = (K + 1) / 2;
+    at::Tensor out = at::zeros({N / kPanel, pairs, 2 * kPanel}, w.options());
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(wc.data_ptr());
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
+    at::parallel_for(0, N / kPanel, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+            for (int64_t c = 0; c < kPanel; ++c)
+                for (int64_t k = 0; k < K; ++k)
+                    dst[(p * pairs + k / 2) * 2 * kPanel + 2 * c + (k & 1)] = src[(p * kPanel + c) * K + k];
+    });
+    return out;
+}
+
 // ---- thread splits ------------------------------------------------------------------------------
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
-    const int64_t N = l.w->size(0), K = l.w->size(1);
+    const int64_t N = l.N, K = l.K;
     const auto& kt = kernels();
+    if (l.wtype == WType::BF16_PANELS) {
+        TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
+        LinearArgs a{nullptr, static_cast<const bf16_t*>(x), M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+                     nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
+        // two panels (64 outputs) at least per thread, so small layers stay on one
+        at::parallel_for(0, N / kPanel, 2, [&](int64_t p0, int64_t p1) { kt.linear_panels(a, p0, p1); });
+        return;
+    }
     at::Tensor x32;
     const float* xf = static_cast<const float*>(x);
     const bf16_t* xb = nullptr;
@@ -201,9 +239,10 @@ void run_decode_attention(DecodeAttnArgs a, int64_t longest) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                   const c10::optional<at::Tensor>& bias) {
     at::Tensor x2 = as_rows(x, "x");
-    const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
+    const int64_t M = x2.size(0), K = x2.size(1);
     const DType yt = dtype_of(x, "x");
     const LinearWeights l = linear_weights(w, w_scale, bias, K, "sgl_kernel.linear");
+    const int64_t N = l.N;
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = N;
     at::Tensor y = at::empty(shape, x.options());
@@ -496,6 +535,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("use_isa(str name) -> str", &sglk::use_isa);
     m.def("cpu_supports(str name) -> bool", &sglk::cpu_supports);
     m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
+    m.def("pack_linear_weight(Tensor w) -> Tensor");
     m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("silu_and_mul(Tensor x) -> Tensor");
@@ -512,6 +552,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
 
 TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("linear", &sglk::linear);
+    m.impl("pack_linear_weight", &sglk::pack_linear_weight);
     m.impl("rmsnorm", &sglk::rmsnorm);
     m.impl("add_rmsnorm", &sglk::add_rmsnorm);
     m.impl("silu_and_mul", &sglk::silu_and_mul);

@@ -12,6 +12,7 @@ struct Kernels {
     const char* name;
     decltype(&generic::linear) linear;
     decltype(&generic::linear_reads_bf16) linear_reads_bf16;
+    decltype(&generic::linear_panels) linear_panels;
     decltype(&generic::rmsnorm) rmsnorm;
     decltype(&generic::silu_and_mul) silu_and_mul;
     decltype(&generic::rope) rope;
@@ -34,20 +35,23 @@ at::Tensor as_rows(const at::Tensor& t, const char* what);  // [rows, last], las
 int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, const int64_t* lens, int64_t B,
                         int64_t window, const char* op);
 
-// A linear layer's weight [N, K] (fp32, bf16, or int8 with per-row scales) and bias, checked,
-// the scales and bias as the fp32 the kernel reads. `op` names the caller in errors.
+// A linear layer's weight [N, K] (fp32, bf16, or int8 with per-row scales; or bf16 packed in
+// panels by pack_linear_weight: [N / 32, ceil(K / 2), 64]) and bias, checked, the scales and bias
+// as the fp32 the kernel reads. `op` names the caller in errors.
 struct LinearWeights {
     const at::Tensor* w;
     WType wtype;
     at::Tensor scale, bias;  // fp32 or undefined
+    int64_t N, K;            // output and input features
 };
+at::Tensor pack_linear_weight(const at::Tensor& w);
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                              const c10::optional<at::Tensor>& bias, int64_t K, const char* op);
 
 // The thread splits. `a` is complete except for the fields each launcher documents.
 // y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
 // ldx); bf16 x is read as it is where the kernels multiply bf16 pairs (AVX512-BF16), else copied
-// to fp32 first (exactly).
+// to fp32 first (exactly). Panel weights need bf16 x and split by panels of 32 outputs.
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt);
 void run_rmsnorm(const NormArgs& a, int64_t rows);
 void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows);

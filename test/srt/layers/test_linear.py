@@ -128,6 +128,7 @@ def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(
         pytest.skip("sgl-kernel is not built")
     monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
     monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
+    monkeypatch.setenv("SGLANG_CPU_LINEAR_PANELS", "0")  # the plain weights, where the crossover is
     # a sentinel no measurement gives (and this test's measurement stays in the test)
     monkeypatch.setitem(cpu_ops._state, "max_rows", {dtype: 99, torch.int8: 99})
     g = torch.Generator().manual_seed(5)
@@ -179,7 +180,8 @@ def _measure_in_a_fresh_process(cache: str, threads: int = 1) -> dict:
     import subprocess
     import sys
 
-    env = {**os.environ, "SGLANG_CPU_TUNING_CACHE": cache, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "SGLANG_CPU_TUNING_CACHE": cache, "OMP_NUM_THREADS": str(threads),
+           "SGLANG_CPU_LINEAR_PANELS": "0"}
     env.pop("SGLANG_CPU_SMALL_M_LINEAR", None)
     out = subprocess.run([sys.executable, "-c", _MEASURE_IN_A_FRESH_PROCESS], env=env, check=True,
                          capture_output=True, text=True, timeout=300).stdout
@@ -214,3 +216,42 @@ def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes
     assert _measure_in_a_fresh_process(str(cache))["source"].startswith("measured")
     assert len(json.loads(cache.read_text())) == 1
     assert _measure_in_a_fresh_process("0")["source"].startswith("measured")
+
+
+def test_bf16_weights_go_into_panels_on_avx512bf16_and_take_every_batch_size(monkeypatch, tmp_path):
+    """On the AVX512-BF16 kernel set a bf16 weight of 32k rows is packed in panels, its kernel
+    takes 1 row to prefill sizes (nothing to measure), and a weight of other rows keeps oneDNN."""
+    from torch import nn
+
+    import sgl_kernel
+    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers.linear import ReplicatedLinear, is_panel_weight, pack_linear_weights
+    from sglang.srt.layers.linear_crossover import measure_small_m_rows
+
+    if "avx512bf16" not in sgl_kernel.supported_isas():
+        pytest.skip("needs a CPU with AVX512-BF16")
+    monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
+    monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
+    before = sgl_kernel.use_isa("avx512bf16")
+    try:
+        g = torch.Generator().manual_seed(3)
+        model = nn.Module()
+        model.a, model.b = ReplicatedLinear(96, 64, bias=True), ReplicatedLinear(64, 48)
+        for p in model.parameters():
+            p.data.copy_(torch.randn(p.shape, generator=g))
+        model.to(torch.bfloat16)
+        assert pack_linear_weights(model) == 2
+        assert is_panel_weight(model.a.packed_weight) and not is_panel_weight(model.b.packed_weight)
+        del model.b  # only panel weights left: nothing to time
+        assert measure_small_m_rows(model) == ({}, "")
+        for rows in (1, 16, 100, 300):
+            x = torch.randn(rows, 96, generator=g).bfloat16()
+            want = F.linear(x.float(), model.a.weight.float(), model.a.bias.float()).bfloat16()
+            torch.testing.assert_close(model.a(x), want, rtol=2e-2, atol=2e-2)
+            with cpu_ops.torch_fallbacks():  # the torch path ignores the panels
+                torch.testing.assert_close(model.a(x), F.linear(x, model.a.weight, model.a.bias))
+        monkeypatch.setenv("SGLANG_CPU_LINEAR_PANELS", "0")
+        pack_linear_weights(model)
+        assert not is_panel_weight(model.a.packed_weight)
+    finally:
+        sgl_kernel.use_isa(before)

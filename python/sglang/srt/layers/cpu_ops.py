@@ -70,6 +70,13 @@ def isa_name() -> str:
     return _sgl_kernel.isa() if available() else "torch"
 
 
+def linear_panels_native() -> bool:
+    """Whether bf16 linear weights go into sgl-kernel's panel layout at load time (layers/linear.py
+    `pack_linear_weights`): on the AVX512-BF16 kernel set, unless SGLANG_CPU_LINEAR_PANELS=0
+    (then oneDNN's blocked copy, as on other CPUs)."""
+    return isa_name() == "avx512bf16" and os.environ.get("SGLANG_CPU_LINEAR_PANELS", "1") != "0"
+
+
 def library_path() -> Optional[Path]:
     """The sgl-kernel library this process loads (None without the package)."""
     return None if _sgl_kernel is None else _sgl_kernel.library_path()

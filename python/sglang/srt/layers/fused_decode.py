@@ -10,7 +10,8 @@ or None when the layer or the batch is outside what the op covers, and the layer
 modules. Covered: a decode batch on CPU with sgl-kernel loaded, the torch-native attention
 backend over a plain KV pool in the activations' dtype (not a hybrid SWA pool), and rows within
 the small-M linear's range (`cpu_ops.linear_max_rows`) for every linear of the layer, with
-weights in the activations' dtype or int8 (`--quantization w8a16_int8`).
+weights in the activations' dtype or int8 (`--quantization w8a16_int8`); bf16 weights packed in
+panels (AVX512-BF16 CPUs, layers/linear.py) at any rows.
 `SGLANG_CPU_FUSED_DECODE=0` turns it off.
 """
 
@@ -24,6 +25,7 @@ import torch
 
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, is_swa_pool_layer
+from sglang.srt.layers.linear import is_panel_weight
 
 logger = logging.getLogger(__name__)
 _said = []  # the first fused call of the process is logged (tests look for it in server logs)
@@ -41,6 +43,8 @@ def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     bias = None if linear.bias is None else linear.bias.float()
     if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
         return linear.int8_weight[0], linear.int8_weight[1], bias
+    if is_panel_weight(linear.packed_weight) and dtype == torch.bfloat16:
+        return linear.packed_weight, None, bias
     if linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
         return linear.weight, None, bias
     return None

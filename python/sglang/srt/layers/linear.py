@@ -94,12 +94,15 @@ class QKVParallelLinear(MergedLinear):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            packed_weight: Optional[torch.Tensor] = None,
            int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-    """x @ weight.T + bias: sgl-kernel's small-M kernel for few rows (it reads bf16 and int8
-    weights as they are), else the oneDNN-packed copy of the weight when there is one."""
+    """x @ weight.T + bias: sgl-kernel on a bf16 weight packed in panels (any rows), else its
+    small-M kernel for few rows (it reads bf16 and int8 weights as they are), else the
+    oneDNN-packed copy of the weight when there is one."""
     if cpu_ops.enabled(x) and x.numel():
         rows = x.numel() // x.shape[-1]
         if int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
             return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias)
+        if is_panel_weight(packed_weight) and x.dtype == torch.bfloat16:
+            return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias)
         if x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
             return torch.ops.sgl_kernel.linear(x, weight, None, bias)
     return _large_m_linear(x, weight, bias, packed_weight)
@@ -108,7 +111,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 def _large_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                     packed_weight: Optional[torch.Tensor]) -> torch.Tensor:
     """The path beyond the small-M kernel's rows: oneDNN on the packed copy, else F.linear."""
-    if packed_weight is not None and x.numel():
+    if packed_weight is not None and x.numel() and not is_panel_weight(packed_weight):
         if packed_weight.dtype == x.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
         # An fp32 copy of a bf16 weight (see the module docstring). For a single row, torch's own
@@ -128,26 +131,40 @@ def cpu_linear_modules(model: nn.Module) -> List[nn.Module]:
             and m.weight.dim() == 2 and m.weight.device.type == "cpu"]
 
 
-def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
-    """Gives each module with a `packed_weight` slot a oneDNN-blocked copy of its 2-D weight.
+def is_panel_weight(packed_weight: Optional[torch.Tensor]) -> bool:
+    """Whether a `packed_weight` is sgl-kernel's panel layout (`pack_linear_weights`) rather
+    than a oneDNN-blocked copy."""
+    return packed_weight is not None and packed_weight.layout == torch.strided and packed_weight.dim() == 3
 
-    Returns how many were packed (0 without oneDNN, or when the copies, counted at fp32 size, would
-    exceed `max_bytes`: the layers keep using `F.linear`). A bf16 weight that oneDNN cannot
+
+def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
+    """Gives each module with a `packed_weight` slot a packed copy of its 2-D weight: on a CPU
+    with AVX512-BF16, a bf16 weight whose rows are a multiple of 32 goes into sgl-kernel's panels
+    (`sgl_kernel.pack_linear_weight`; its kernel then takes every batch size, as fast as oneDNN
+    from 64 rows and faster below), any other weight into a oneDNN-blocked copy.
+
+    Returns how many were packed (0 when the copies, counted at fp32 size, would exceed
+    `max_bytes`: the layers keep using their plain weights). A bf16 weight that oneDNN cannot
     multiply natively on this CPU is packed as its fp32 upcast.
     """
-    if not torch.backends.mkldnn.is_available():
-        return 0
     targets = cpu_linear_modules(model)
     if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
         return 0
+    panels = cpu_ops.linear_panels_native()
     count = 0
     for module in targets:
         weight = module.weight.detach()
+        if panels and weight.dtype == torch.bfloat16 and weight.shape[0] % 32 == 0:
+            module.packed_weight = torch.ops.sgl_kernel.pack_linear_weight(weight)
+            count += 1
+            continue
+        if not torch.backends.mkldnn.is_available():
+            continue
         try:
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         except RuntimeError:  # bf16 without native support (AVX2): pack the exact fp32 upcast
             if weight.dtype != torch.bfloat16:
-                return count
+                continue
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
         count += 1
     return count

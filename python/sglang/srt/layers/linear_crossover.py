@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers import cpu_ops
-from sglang.srt.layers.linear import _large_m_linear, cpu_linear_modules, linear
+from sglang.srt.layers.linear import _large_m_linear, cpu_linear_modules, is_panel_weight, linear
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
 
     Each timing is one pass over every linear weight in layer order, so that the weights stream
     from memory as in a decode step; the search stops at the first candidate where the other
-    path wins. The result is at least 1 row: at one row the kernel also lets the decoder layer
+    path wins. Weights packed in panels (`linear.pack_linear_weights`) have one kernel for any
+    rows and are not timed. The result is at least 1 row: at one row the kernel also lets the decoder layer
     run fused (layers/fused_decode.py), which saves more of a step than a linear timing sees.
     """
     if cpu_ops.fixed_linear_max_rows() is not None:
@@ -62,6 +63,9 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
     dtype = mods[0].weight.dtype
     mods = [m for m in mods if m.weight.dtype == dtype]
     quantized = [m for m in mods if m.int8_weight is not None]
+    plain = [m for m in mods if not is_panel_weight(m.packed_weight)]  # panel weights: one kernel at any rows
+    if not plain and not quantized:
+        return {}, ""
     digest, key = _cache_key(mods, bool(quantized), candidates)
     source = "measured earlier in this process"
     rows = _measured_here.get(digest)
@@ -71,7 +75,7 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
             source = f"cached in {path}"
             if rows is None:
                 start = time.perf_counter()
-                rows = _measure(mods, quantized, dtype, candidates)
+                rows = _measure(plain, quantized, dtype, candidates)
                 source = f"measured on these weights in {time.perf_counter() - start:.1f} s"
                 if path is not None:
                     entries[digest] = {"rows": rows, "key": key, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -83,14 +87,16 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
     return found, source
 
 
-def _measure(mods: List[nn.Module], quantized: List[nn.Module], dtype: torch.dtype,
+def _measure(plain: List[nn.Module], quantized: List[nn.Module], dtype: torch.dtype,
              candidates: Sequence[int]) -> Dict[str, int]:
-    rows = {str(dtype): max(1, _crossover(
-        mods, dtype, candidates,
-        small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.weight, None, m.bias),
-        other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.packed_weight)))}
-    if quantized:
+    rows = {}
+    if plain:
+        rows[str(dtype)] = max(1, _crossover(
+            plain, dtype, candidates,
+            small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.weight, None, m.bias),
+            other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.packed_weight)))
         cpu_ops.set_linear_max_rows(dtype, rows[str(dtype)])  # what `linear` does without int8
+    if quantized:
         rows[str(torch.int8)] = max(1, _crossover(
             quantized, dtype, candidates,
             small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.int8_weight[0], m.int8_weight[1], m.bias),
@@ -150,8 +156,8 @@ def _weight_shapes(mods: List[nn.Module]) -> List[str]:
     """Each timed weight shape with its count, in order of first use: "576x1536 packed x30"."""
     counts: Dict[str, int] = {}
     for m in mods:
-        shape = "x".join(map(str, m.weight.shape)) + (" packed" if m.packed_weight is not None else "") + (
-            " bias" if m.bias is not None else "")
+        packed = "" if m.packed_weight is None else " panels" if is_panel_weight(m.packed_weight) else " packed"
+        shape = "x".join(map(str, m.weight.shape)) + packed + (" bias" if m.bias is not None else "")
         counts[shape] = counts.get(shape, 0) + 1
     return [f"{shape} x{n}" for shape, n in counts.items()]
 

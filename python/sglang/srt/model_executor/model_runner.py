@@ -31,7 +31,7 @@ from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
-from sglang.srt.layers.linear import pack_linear_weights
+from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights
 from sglang.srt.layers.linear_crossover import measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -105,7 +105,9 @@ class ModelRunner:
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
             # The packed copies come on top of the weights: leave most of the memory to the KV cache.
             packed = pack_linear_weights(self.model, max_bytes=available_memory_bytes(self.device) // 2)
-            logger.info(f"oneDNN-packed {packed} linear weights" if packed else
+            panels = sum(is_panel_weight(m.packed_weight) for m in cpu_linear_modules(self.model))
+            logger.info(f"packed {packed} linear weights ({panels} in sgl_kernel bf16 panels, {packed - panels} "
+                        f"for oneDNN)" if packed else
                         "linear weights not packed (no oneDNN, or the copies would take over half of the "
                         "available memory): using F.linear")
         rows, source = measure_small_m_rows(self.model)  # {} unless CPU with sgl-kernel and no fixed rows

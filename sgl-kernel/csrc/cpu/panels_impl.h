@@ -1,0 +1,114 @@
+// The linear over weights packed in panels (ops.cpp `pack_linear_weight`), included once per ISA
+// by isa_*.cpp after kernels_impl.h, whose helpers it uses.
+//
+// Panel layout, bf16: [N / 32][ceil(K / 2)][32][2]: for each block of 32 output features, K in
+// pairs, each feature's pair side by side, zero past K. That is the operand vdpbf16ps multiplies:
+// one 64-byte load is 16 features x 2 k. Activations are bf16 rows read in place; each row's
+// (k, k + 1) pair is broadcast and multiplied with two such loads, so a register tile of 12 rows x
+// 32 features (24 accumulators) needs no reduction and no packing of the activations (the
+// row-major kernel in kernels_impl.h sums along K and reduces every output; this is how oneDNN's
+// blocked GEMM works, and it reaches its speed from 1 row to prefill sizes). Kernel sets without
+// AVX512-BF16 run a plain loop over the same layout (only when asked for with use_isa).
+
+namespace {
+
+constexpr int kPanelTileRows = 12;      // activation rows per register tile
+constexpr int64_t kPanelRowBlock = 192;  // rows per pass over a thread's panels (stay in L2)
+
+template <typename TY>
+inline void panel_store(const LinearArgs& a, int64_t m, int64_t n0, int64_t j, vf v) {
+    if (a.bias) v += vld<float>(a.bias + n0 + j);
+    vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + n0 + j, v);
+}
+
+#if SGLK_BF16_DOT
+inline vh2 pair_splat(const bf16_t* p) {  // (p[0], p[1]) in every 32-bit lane
+    uint32_t u;
+    __builtin_memcpy(&u, p, 4);
+    return __builtin_bit_cast(vh2, vu{} + u);
+}
+
+// Rows [m0, m0 + R) of panel `panel`: R x 32 outputs.
+template <typename TY, int R>
+void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel) {
+    static_assert(VL == 16, "the bf16 panel tile is written for 512-bit vectors");
+    const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
+    const bf16_t* x = a.xb + m0 * a.ldx;
+    const int64_t pairs = a.K / 2;
+    vf c0[R], c1[R];
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = vf{};
+    for (int64_t p = 0; p < pairs; ++p) {
+        const vh2 b0 = *reinterpret_cast<const vh2*>(w + p * 64), b1 = *reinterpret_cast<const vh2*>(w + p * 64 + 32);
+        __builtin_prefetch(w + p * 64 + 512, 0, 3);
+        __builtin_prefetch(w + p * 64 + 544, 0, 3);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+            const vh2 xv = pair_splat(x + r * a.ldx + 2 * p);
+            c0[r] = dpbf16(c0[r], xv, b0);
+            c1[r] = dpbf16(c1[r], xv, b1);
+        }
+    }
+    if (a.K & 1) {  // the last k alone: its pair's second weight is the panel's zero padding
+        const vh2 b0 = *reinterpret_cast<const vh2*>(w + pairs * 64), b1 = *reinterpret_cast<const vh2*>(w + pairs * 64 + 32);
+        for (int r = 0; r < R; ++r) {
+            const vh2 xv = __builtin_bit_cast(vh2, vu{} + static_cast<uint32_t>(x[r * a.ldx + a.K - 1]));
+            c0[r] = dpbf16(c0[r], xv, b0);
+            c1[r] = dpbf16(c1[r], xv, b1);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        panel_store<TY>(a, m0 + r, panel * kPanel, 0, c0[r]);
+        panel_store<TY>(a, m0 + r, panel * kPanel, 16, c1[r]);
+    }
+}
+
+template <typename TY>
+void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
+    switch (rows) {
+        case 12: panel_tile<TY, 12>(a, m0, panel); break;
+        case 11: panel_tile<TY, 11>(a, m0, panel); break;
+        case 10: panel_tile<TY, 10>(a, m0, panel); break;
+        case 9: panel_tile<TY, 9>(a, m0, panel); break;
+        case 8: panel_tile<TY, 8>(a, m0, panel); break;
+        case 7: panel_tile<TY, 7>(a, m0, panel); break;
+        case 6: panel_tile<TY, 6>(a, m0, panel); break;
+        case 5: panel_tile<TY, 5>(a, m0, panel); break;
+        case 4: panel_tile<TY, 4>(a, m0, panel); break;
+        case 3: panel_tile<TY, 3>(a, m0, panel); break;
+        case 2: panel_tile<TY, 2>(a, m0, panel); break;
+        default: panel_tile<TY, 1>(a, m0, panel); break;
+    }
+}
+#else
+template <typename TY>
+void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
+    const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
+    alignas(64) float acc[kPanel];
+    for (int64_t m = m0; m < m0 + rows; ++m) {
+        const bf16_t* x = a.xb + m * a.ldx;
+        for (int64_t j = 0; j < kPanel; ++j) acc[j] = 0.0f;
+        for (int64_t k = 0; k < a.K; ++k) {
+            const float xk = bf2f(x[k]);
+            const bf16_t* wk = w + (k / 2) * 64 + (k & 1);
+            for (int64_t j = 0; j < kPanel; ++j) acc[j] += xk * bf2f(wk[2 * j]);
+        }
+        for (int64_t j = 0; j < kPanel; j += VL) panel_store<TY>(a, m, panel * kPanel, j, vld<float>(acc + j));
+    }
+}
+#endif
+
+template <typename TY>
+void linear_panels_t(const LinearArgs& a, int64_t p0, int64_t p1) {
+    for (int64_t mb = 0; mb < a.M; mb += kPanelRowBlock) {
+        const int64_t me = imin_(a.M, mb + kPanelRowBlock);
+        for (int64_t p = p0; p < p1; ++p)
+            for (int64_t m = mb; m < me; m += kPanelTileRows) panel_rows<TY>(a, m, imin_(kPanelTileRows, me - m), p);
+    }
+}
+
+}  // namespace
+
+void linear_panels(const LinearArgs& a, int64_t panel_begin, int64_t panel_end) {
+    if (a.ytype == DType::F32) linear_panels_t<float>(a, panel_begin, panel_end);
+    else linear_panels_t<bf16_t>(a, panel_begin, panel_end);
+}
