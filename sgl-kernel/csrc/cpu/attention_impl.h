@@ -59,7 +59,33 @@ inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* cons
     const int64_t G = GC > 0 ? GC : G_rt, d = a.d, dv = a.dv;
     alignas(64) float sc[64][kBlock];  // G <= 64 (ops.cpp checks)
     float alpha[64];
-    for (int64_t j = 0; j < nb; ++j) {
+    int64_t j = 0;
+#if SGLK_VEC_BYTES == 64
+    if constexpr (GC > 0) {
+        // 8 keys at a time per query head: 8 partial vectors, then one transposing reduction
+        // (sum8) gives the 8 scores as a vector, instead of a horizontal sum per key and head.
+        // K rows are re-read per head from L1. Past nb, key 0 stands in (its scores are masked).
+        if (d % VL == 0) {
+            for (; j < nb; j += 8) {
+                const T* kr[8];
+                for (int t = 0; t < 8; ++t) kr[t] = kp[j + t < nb ? j + t : 0];
+                for (int g = 0; g < GC; ++g) {
+                    vf part[8];
+                    for (int t = 0; t < 8; ++t) part[t] = vf{};
+                    for (int64_t c = 0; c < d; c += VL) {
+                        const vf qv = vld<float>(qf + g * d + c);
+                        for (int t = 0; t < 8; ++t) part[t] += qv * vld<T>(kr[t] + c);
+                    }
+                    *reinterpret_cast<v8f*>(sc[g] + j) = sum8(part);
+                }
+            }
+            if (a.logit_cap > 0)
+                for (int64_t g = 0; g < G; ++g)
+                    for (int64_t t = 0; t < nb; ++t) sc[g][t] = a.logit_cap * __builtin_tanhf(sc[g][t] / a.logit_cap);
+        }
+    }
+#endif
+    for (; j < nb; ++j) {
         if constexpr (GC > 0) {
             vf part[GC];
             for (int g = 0; g < GC; ++g) part[g] = vf{};
