@@ -181,9 +181,52 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     return {out, res_out};
 }
 
+// torch.ops.sgl_kernel.decode_layers: decode_layer for every layer of a model in one call (layer
+// i's tensors and scalars at index i of each list), so that a decode step calls the op once
+// instead of once per layer from Python; bit-identical to calling decode_layer layer by layer.
+std::tuple<at::Tensor, at::Tensor> decode_layers(
+    const at::Tensor& hidden, at::TensorList input_norm, at::TensorList post_norm, at::ArrayRef<double> eps,
+    at::TensorList qkv_w, const c10::List<c10::optional<at::Tensor>>& qkv_scale,
+    const c10::List<c10::optional<at::Tensor>>& qkv_bias, at::TensorList o_w,
+    const c10::List<c10::optional<at::Tensor>>& o_scale, const c10::List<c10::optional<at::Tensor>>& o_bias,
+    at::TensorList gate_up_w, const c10::List<c10::optional<at::Tensor>>& gate_up_scale,
+    const c10::List<c10::optional<at::Tensor>>& gate_up_bias, at::TensorList down_w,
+    const c10::List<c10::optional<at::Tensor>>& down_scale, const c10::List<c10::optional<at::Tensor>>& down_bias,
+    const c10::List<c10::optional<at::Tensor>>& q_norm, const c10::List<c10::optional<at::Tensor>>& k_norm,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
+    const at::Tensor& sin, at::TensorList k_cache, at::TensorList v_cache, const at::Tensor& out_cache_loc,
+    const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+    at::ArrayRef<double> scale, at::IntArrayRef window, at::ArrayRef<double> logit_cap) {
+    const size_t L = input_norm.size();
+    for (size_t n : {post_norm.size(), eps.size(), qkv_w.size(), qkv_scale.size(), qkv_bias.size(), o_w.size(),
+                     o_scale.size(), o_bias.size(), gate_up_w.size(), gate_up_scale.size(), gate_up_bias.size(),
+                     down_w.size(), down_scale.size(), down_bias.size(), q_norm.size(), k_norm.size(), k_cache.size(),
+                     v_cache.size(), scale.size(), window.size(), logit_cap.size()})
+        TORCH_CHECK(n == L, "sgl_kernel.decode_layers: every per-layer list needs ", L, " entries, one has ", n);
+    TORCH_CHECK(L > 0, "sgl_kernel.decode_layers: no layers");
+    std::tuple<at::Tensor, at::Tensor> hr{hidden, at::Tensor()};
+    for (size_t i = 0; i < L; ++i) {
+        const at::Tensor& r = std::get<1>(hr);
+        hr = decode_layer(std::get<0>(hr), i == 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(r),
+                          input_norm[i], post_norm[i], eps[i], qkv_w[i], qkv_scale.get(i), qkv_bias.get(i), o_w[i],
+                          o_scale.get(i), o_bias.get(i), gate_up_w[i], gate_up_scale.get(i), gate_up_bias.get(i),
+                          down_w[i], down_scale.get(i), down_bias.get(i), q_norm.get(i), k_norm.get(i), num_heads,
+                          num_kv_heads, head_dim, positions, cos, sin, k_cache[i], v_cache[i], out_cache_loc,
+                          req_to_token, req_pool_indices, seq_lens, scale[i], window[i], logit_cap[i]);
+    }
+    return hr;
+}
+
 }  // namespace sglk
 
 TORCH_LIBRARY_FRAGMENT(sgl_kernel, m) {
+    m.def("decode_layers(Tensor hidden, Tensor[] input_norm, Tensor[] post_norm, float[] eps, "
+          "Tensor[] qkv_w, Tensor?[] qkv_scale, Tensor?[] qkv_bias, Tensor[] o_w, Tensor?[] o_scale, Tensor?[] o_bias, "
+          "Tensor[] gate_up_w, Tensor?[] gate_up_scale, Tensor?[] gate_up_bias, Tensor[] down_w, Tensor?[] down_scale, "
+          "Tensor?[] down_bias, Tensor?[] q_norm, Tensor?[] k_norm, int num_heads, int num_kv_heads, int head_dim, "
+          "Tensor positions, Tensor cos, Tensor sin, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache, Tensor out_cache_loc, "
+          "Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float[] scale, int[] window, "
+          "float[] logit_cap) -> (Tensor, Tensor)");
     m.def("decode_layer(Tensor hidden, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
           "Tensor qkv_w, Tensor? qkv_scale, Tensor? qkv_bias, Tensor o_w, Tensor? o_scale, Tensor? o_bias, "
           "Tensor gate_up_w, Tensor? gate_up_scale, Tensor? gate_up_bias, Tensor down_w, Tensor? down_scale, "
@@ -193,4 +236,7 @@ TORCH_LIBRARY_FRAGMENT(sgl_kernel, m) {
           "float logit_cap) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) { m.impl("decode_layer", &sglk::decode_layer); }
+TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
+    m.impl("decode_layer", &sglk::decode_layer);
+    m.impl("decode_layers", &sglk::decode_layers);
+}

@@ -63,8 +63,14 @@ def _decode_trace(runner, prompts, steps):
         kv += [t[idx].clone() for t in pool.get_kv_buffer(lid)]
     for r in reqs:
         drv.free(r)
-    ran_fused = any(e.key == "sgl_kernel::decode_layer" for e in prof.key_averages())
+    keys = {e.key for e in prof.key_averages()}
+    ran_fused = "sgl_kernel::decode_layer" in keys or "sgl_kernel::decode_layers" in keys
+    _ran_ops.clear()
+    _ran_ops.update(keys)
     return trace, kv, ran_fused
+
+
+_ran_ops: set = set()  # the ops the last _decode_trace ran
 
 
 def _runner(model_dir, **kw):
@@ -86,6 +92,9 @@ def test_fused_layer_equals_the_per_op_path(model_dirs, poisoned, monkeypatch, i
         monkeypatch.setenv("SGLANG_CPU_FUSED_DECODE", "1")
         fused, kv_fused, ran = _decode_trace(runner, prompts, 5)
         assert ran, "the fused decode layer did not run"
+        # the whole stack in one call, except on a hybrid SWA pool (its sliding layers run their modules)
+        whole = "sgl_kernel::decode_layers" in _ran_ops
+        assert whole == (model != "qwen3_swa"), _ran_ops
         monkeypatch.setenv("SGLANG_CPU_FUSED_DECODE", "0")
         ref, kv_ref, ran = _decode_trace(runner, prompts, 5)
         assert not ran

@@ -1,5 +1,6 @@
-"""The CPU decode fast path: one `sgl_kernel.decode_layer` call per Llama-family decoder layer
-(sgl-kernel/csrc/cpu/decode_layer.cpp) instead of the ~25 op calls of its modules.
+"""The CPU decode fast path: one `sgl_kernel.decode_layers` call for all of a Llama-family
+model's decoder layers (or one `sgl_kernel.decode_layer` call per layer where not all are
+covered; sgl-kernel/csrc/cpu/decode_layer.cpp) instead of the ~25 op calls of each layer's modules.
 
 The op runs the kernels the modules would call, with the same thread splits, so its result is
 bit-identical to the per-op path (test/srt/layers/test_fused_decode.py); what it saves is the
@@ -79,11 +80,71 @@ def _build_layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     return head, tail
 
 
+def _batch_covered(positions: torch.Tensor, hidden: torch.Tensor, fb) -> bool:
+    return (fb.forward_mode.is_decode() and cpu_ops.enabled(hidden) and enabled()
+            and type(fb.attn_backend) is TorchNativeAttnBackend and positions.dtype == torch.int64)
+
+
+def decode_layers(layers, positions: torch.Tensor, hidden: torch.Tensor, forward_batch
+                  ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """All of a model's decoder `layers` (from the first, residual None) in one
+    `sgl_kernel.decode_layers` call, bit-identical to `decode_layer` for each in turn; None when
+    any layer is not covered (a hybrid SWA pool's sliding layers, weights outside the kernel's
+    rows, rotary tables that differ between layers), and the caller goes layer by layer."""
+    fb = forward_batch
+    if not layers or not _batch_covered(positions, hidden, fb):
+        return None
+    pool = fb.token_to_kv_pool
+    key = ("all layers", hidden.shape[0], hidden.dtype)
+    cache = layers[0].fused_decode_args
+    if key not in cache or cache[key][0] is not pool:  # the lists hold the pool's K/V buffers
+        cache[key] = pool, _build_model_args(layers, pool, hidden.shape[0], hidden.dtype)
+    args = cache[key][1]
+    if args is None:
+        return None
+    rope = layers[0].self_attn.rotary_emb
+    rope.check_positions(positions)
+    lists, shared = args
+    out = torch.ops.sgl_kernel.decode_layers(
+        hidden, *lists[:17], *shared, positions, rope.cos_cached, rope.sin_cached, *lists[17:19], fb.out_cache_loc,
+        fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *lists[19:])
+    _log_first_use()
+    return out
+
+
+def _build_model_args(layers, pool, rows: int, dtype: torch.dtype) -> Optional[tuple]:
+    """`decode_layers`' per-layer lists (the 17 of `_build_layer_args`' head before the head
+    counts, then the K and V caches, then scale, window and logit cap) and the head counts the
+    layers share; None when a layer is not covered."""
+    columns, heads = [], None
+    rope = layers[0].self_attn.rotary_emb
+    for layer in layers:
+        args = _layer_args(layer, rows, dtype)
+        layer_id = layer.self_attn.attn.layer_id
+        if (args is None or is_swa_pool_layer(pool, layer_id)
+                or layer.self_attn.rotary_emb.cos_cached is not rope.cos_cached):
+            return None
+        head, tail = args
+        if heads is not None and head[17:] != heads:
+            return None
+        heads = head[17:]
+        k_buf, v_buf = pool.get_kv_buffer(layer_id)
+        if k_buf.dtype != dtype:
+            return None
+        columns.append((*head[:17], k_buf, v_buf, *tail))
+    return [list(column) for column in zip(*columns)], heads
+
+
+def _log_first_use() -> None:
+    if not _said:
+        _said.append(True)
+        logger.info(USED_MESSAGE)
+
+
 def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_batch,
                  residual: Optional[torch.Tensor]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     fb = forward_batch
-    if (not fb.forward_mode.is_decode() or not cpu_ops.enabled(hidden) or not enabled()
-            or type(fb.attn_backend) is not TorchNativeAttnBackend or positions.dtype != torch.int64):
+    if not _batch_covered(positions, hidden, fb):
         return None
     args = _layer_args(layer, hidden.shape[0], hidden.dtype)
     if args is None:
@@ -101,7 +162,5 @@ def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_b
     out = torch.ops.sgl_kernel.decode_layer(
         hidden, residual, *head, positions, rope.cos_cached, rope.sin_cached, k_buf, v_buf, fb.out_cache_loc,
         fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *tail)
-    if not _said:
-        _said.append(True)
-        logger.info(USED_MESSAGE)
+    _log_first_use()
     return out

@@ -128,9 +128,13 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
                 input_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        residual = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+        fused = fused_decode.decode_layers(self.layers, positions, hidden_states, forward_batch)
+        if fused is not None:  # the whole stack in one sgl_kernel call (CPU decode)
+            hidden_states, residual = fused
+        else:
+            residual = None
+            for layer in self.layers:
+                hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
