@@ -28,9 +28,10 @@ inline vh2 pair_splat(const bf16_t* p) {  // (p[0], p[1]) in every 32-bit lane
     return __builtin_bit_cast(vh2, vu{} + u);
 }
 
-// Rows [m0, m0 + R) of panel `panel`: R x 32 outputs.
+// Rows [m0, m0 + R) of panel `panel`: R x 32 outputs. Meanwhile `pf_step` bytes a k pair from
+// `pf` on (the next panel's share of this tile, see linear_panels_t) are prefetched into L2.
 template <typename TY, int R>
-void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel) {
+void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
     static_assert(VL == 16, "the bf16 panel tile is written for 512-bit vectors");
     const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
     const bf16_t* x = a.xb + m0 * a.ldx;
@@ -39,8 +40,10 @@ void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel) {
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = vf{};
     for (int64_t p = 0; p < pairs; ++p) {
         const vh2 b0 = *reinterpret_cast<const vh2*>(w + p * 64), b1 = *reinterpret_cast<const vh2*>(w + p * 64 + 32);
-        __builtin_prefetch(w + p * 64 + 512, 0, 3);
-        __builtin_prefetch(w + p * 64 + 544, 0, 3);
+        if (pf) {
+            __builtin_prefetch(pf + p * pf_step, 0, 2);
+            if (pf_step > 64) __builtin_prefetch(pf + p * pf_step + 64, 0, 2);
+        }
 #pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
             const vh2 xv = pair_splat(x + r * a.ldx + 2 * p);
@@ -63,25 +66,25 @@ void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel) {
 }
 
 template <typename TY>
-void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
+void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
     switch (rows) {
-        case 12: panel_tile<TY, 12>(a, m0, panel); break;
-        case 11: panel_tile<TY, 11>(a, m0, panel); break;
-        case 10: panel_tile<TY, 10>(a, m0, panel); break;
-        case 9: panel_tile<TY, 9>(a, m0, panel); break;
-        case 8: panel_tile<TY, 8>(a, m0, panel); break;
-        case 7: panel_tile<TY, 7>(a, m0, panel); break;
-        case 6: panel_tile<TY, 6>(a, m0, panel); break;
-        case 5: panel_tile<TY, 5>(a, m0, panel); break;
-        case 4: panel_tile<TY, 4>(a, m0, panel); break;
-        case 3: panel_tile<TY, 3>(a, m0, panel); break;
-        case 2: panel_tile<TY, 2>(a, m0, panel); break;
-        default: panel_tile<TY, 1>(a, m0, panel); break;
+        case 12: panel_tile<TY, 12>(a, m0, panel, pf, pf_step); break;
+        case 11: panel_tile<TY, 11>(a, m0, panel, pf, pf_step); break;
+        case 10: panel_tile<TY, 10>(a, m0, panel, pf, pf_step); break;
+        case 9: panel_tile<TY, 9>(a, m0, panel, pf, pf_step); break;
+        case 8: panel_tile<TY, 8>(a, m0, panel, pf, pf_step); break;
+        case 7: panel_tile<TY, 7>(a, m0, panel, pf, pf_step); break;
+        case 6: panel_tile<TY, 6>(a, m0, panel, pf, pf_step); break;
+        case 5: panel_tile<TY, 5>(a, m0, panel, pf, pf_step); break;
+        case 4: panel_tile<TY, 4>(a, m0, panel, pf, pf_step); break;
+        case 3: panel_tile<TY, 3>(a, m0, panel, pf, pf_step); break;
+        case 2: panel_tile<TY, 2>(a, m0, panel, pf, pf_step); break;
+        default: panel_tile<TY, 1>(a, m0, panel, pf, pf_step); break;
     }
 }
 #else
 template <typename TY>
-void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
+void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char*, int64_t) {
     const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
     alignas(64) float acc[kPanel];
     for (int64_t m = m0; m < m0 + rows; ++m) {
@@ -97,12 +100,27 @@ void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
 }
 #endif
 
+// A panel's first row tile reads it from memory, the others from L1/L2. So that the stream from
+// memory overlaps the arithmetic, the row tiles of a panel prefetch the panel that comes next
+// (this thread's next one, or its first again for the next block of rows), each tile a 1/T share,
+// spread over its k pairs: with one tile the prefetch runs a whole panel ahead. The rows are dealt
+// to the tiles evenly, since a tile of few rows has too few accumulators to hide vdpbf16ps' latency.
 template <typename TY>
 void linear_panels_t(const LinearArgs& a, int64_t p0, int64_t p1) {
+    const char* w = static_cast<const char*>(a.w);
+    const int64_t panel_bytes = a.ldw * static_cast<int64_t>(sizeof(bf16_t)), pairs = imax_(1, a.K / 2);
     for (int64_t mb = 0; mb < a.M; mb += kPanelRowBlock) {
         const int64_t me = imin_(a.M, mb + kPanelRowBlock);
-        for (int64_t p = p0; p < p1; ++p)
-            for (int64_t m = mb; m < me; m += kPanelTileRows) panel_rows<TY>(a, m, imin_(kPanelTileRows, me - m), p);
+        const int64_t tiles = (me - mb + kPanelTileRows - 1) / kPanelTileRows;
+        const int64_t share = (panel_bytes + tiles - 1) / tiles, step = (share + pairs - 1) / pairs;
+        for (int64_t p = p0; p < p1; ++p) {
+            const int64_t next = p + 1 < p1 ? p + 1 : (me < a.M ? p0 : -1);
+            for (int64_t t = 0, m = mb; t < tiles; ++t) {  // rows dealt evenly: 16 = 8 + 8, not 12 + 4
+                const int64_t rows = (me - mb) / tiles + (t < (me - mb) % tiles);
+                panel_rows<TY>(a, m, rows, p, next < 0 ? nullptr : w + next * panel_bytes + t * share, step);
+                m += rows;
+            }
+        }
     }
 }
 
