@@ -61,29 +61,28 @@ class TokenToKVPoolAllocator:
         `last_locs[i]` is the slot of the request's token at prefix_len-1 (ignored when prefix_len is 0);
         the tokens that still fit into its page go there, the rest into new pages.
         """
+        ps = self.page_size
         total_pages = sum(self.pages_needed(p, s) for p, s in zip(prefix_lens, seq_lens))
         pages = self._take_pages(total_pages)
         if pages is None:
             return None
-        out = []
+        if ps == 1:  # one slot a page, no partial pages: the pages are the slots
+            return torch.tensor(pages, dtype=torch.int64, device=self.device)
+        slots: List[int] = []  # built as ints, one tensor at the end (a decode step is one slot a request)
         cursor = 0
-        ps = self.page_size
         for p, s, last in zip(prefix_lens, seq_lens, last_locs):
             n = s - p
             if n <= 0:
                 continue
-            in_page = 0
-            if p % ps != 0:
-                in_page = min(ps - p % ps, n)
-                out.append(torch.arange(int(last) + 1, int(last) + 1 + in_page, dtype=torch.int64, device=self.device))
-            k = self.pages_needed(p, s)
-            if k:
-                slots = self._pages_to_slots(pages[cursor : cursor + k])[: n - in_page]
-                out.append(slots)
-                cursor += k
-        if not out:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.cat(out)
+            in_page = min(ps - p % ps, n) if p % ps else 0
+            slots.extend(range(int(last) + 1, int(last) + 1 + in_page))
+            rest = n - in_page
+            for page in pages[cursor : cursor + self.pages_needed(p, s)]:
+                take = min(ps, rest)
+                slots.extend(range(page * ps, page * ps + take))
+                rest -= take
+                cursor += 1
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
 
     def alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[torch.Tensor]:
         """One slot per request for its token at position seq_len-1 (seq_lens include the new token)."""
