@@ -50,7 +50,9 @@ def main():
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
-    print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)
+    from sglang.srt.utils.host_memory import keep_freed_memory
+
+    print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}; {keep_freed_memory()}", flush=True)
     path = resolve_model(args.model)
     kw = dict(model_path=path, dtype=args.dtype, max_total_tokens=16384, log_level="error")
     if args.attention_backend:
