@@ -288,6 +288,8 @@ def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
     (4, 4, 16, 16, [300, 0], [20, 90], 48, 0.0),       # sliding window over prefix and new tokens
     (6, 2, 32, 32, [5, 0], [17, 3], -1, 30.0),         # logit cap
     (8, 2, 24, 40, [100, 0, 7], [0, 33, 2], -1, 0.0),  # dims not whole vectors, dv != d, empty extend
+    (4, 2, 128, 128, [30, 0], [50, 19], 40, 20.0),     # head dim 128 (compiled as a constant), window, cap
+    (2, 1, 64, 64, [17], [70], 25, 0.0),               # head dim 64 with a window and a partial last block
 ])
 def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap):
     """Each new token is a decode query over its request's slots up to its own position."""

@@ -246,9 +246,13 @@ void decode_combine_t(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {  // row
 // or before position - window. K/V rows of a block are converted to fp32 once per item.
 constexpr int64_t kMaxHeadDim = 512;  // d and dv (ops.cpp checks)
 
-template <typename T>
+// DC: the head dim as a compile-time constant (d == dv == DC; 0: read from the arguments). With it
+// every K/V element of a block sits at a constant offset from one base register, so the score and
+// value loops are broadcast FMAs with memory operands, 16 (scores) or 8 (value columns) independent
+// accumulators in flight to hide the FMA latency.
+template <typename T, int DC>
 void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
-    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv;
+    const int64_t G = a.hq / a.hk, d = DC > 0 ? DC : a.d, dv = DC > 0 ? DC : a.dv;
     alignas(64) float qt[kMaxHeadDim * VL];   // [d][VL]: the lanes' scaled queries, transposed
     alignas(64) float acc[kMaxHeadDim * VL];  // [dv][VL]
     alignas(64) float kf[VL * kMaxHeadDim];   // [VL keys][d] of the current block, fp32
@@ -278,24 +282,12 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
             const int64_t nb = imin_(VL, hi - j0);
             const int64_t* slots = slot_buf[cur];
             if (j0 + VL < hi) block_slots<T>(a, row, j0 + VL, imin_(VL, hi - j0 - VL), kh, 1, slot_buf[cur ^ 1]);
-            const float* krow[VL];  // fp32 rows: the pool's own; bf16: converted into kf / vf_
-            const float* vrow[VL];
+            // The block's K/V rows in fp32, [key][dim]; rows past nb repeat the first (scored, then
+            // weighted 0: finite, so 0 * row adds nothing).
             for (int64_t j = 0; j < VL; ++j) {
-                const int64_t sj = slots[j < nb ? j : 0];  // rows past nb: scored, then unused
+                const int64_t sj = slots[j < nb ? j : 0];
                 const T* k = static_cast<const T*>(a.k_cache) + (sj * a.hk + kh) * d;
                 const T* v = static_cast<const T*>(a.v_cache) + (sj * a.hk + kh) * dv;
-                if constexpr (sizeof(T) == sizeof(float)) {
-                    krow[j] = reinterpret_cast<const float*>(k);
-                    vrow[j] = reinterpret_cast<const float*>(v);
-                    continue;
-                }
-                if (j >= nb) {  // scored from a real row, then unused
-                    krow[j] = krow[0];
-                    vrow[j] = vrow[0];
-                    continue;
-                }
-                krow[j] = kf + j * d;
-                vrow[j] = vf_ + j * dv;
                 int64_t i = 0;
                 for (; i + VL <= d; i += VL) vst<float>(kf + j * d + i, vld<T>(k + i));
                 for (; i < d; ++i) kf[j * d + i] = ld<T>(k, i);
@@ -303,10 +295,13 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
                 for (; i < dv; ++i) vf_[j * dv + i] = ld<T>(v, i);
             }
             vf sc[VL];
+#pragma GCC unroll 16
             for (int64_t j = 0; j < VL; ++j) sc[j] = vf{};
             for (int64_t i = 0; i < d; ++i) {
                 const vf qi = vld<float>(qt + i * VL);
-                for (int64_t j = 0; j < VL; ++j) sc[j] += krow[j][i] * qi;
+                const float* kc = kf + i;
+#pragma GCC unroll 16
+                for (int64_t j = 0; j < VL; ++j) sc[j] += kc[j * d] * qi;
             }
             vf bm = mx;
             for (int64_t j = 0; j < nb; ++j) {
@@ -329,11 +324,28 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
                 sc[j] = hidden ? vf{} : vexp(sc[j] - base);
                 ps += sc[j];
             }
+            for (int64_t j = nb; j < VL; ++j) sc[j] = vf{};
             sum = sum * alpha + ps;
             mx = bm;
-            for (int64_t c = 0; c < dv; ++c) {
+            // acc^T += V^T p over all VL rows (a constant trip count), 8 value columns at a time.
+            constexpr int64_t kCols = 8;
+            int64_t c = 0;
+            for (; c + kCols <= dv; c += kCols) {
+                vf o[kCols];
+#pragma GCC unroll 8
+                for (int64_t u = 0; u < kCols; ++u) o[u] = vld<float>(acc + (c + u) * VL) * alpha;
+                const float* vc = vf_ + c;
+#pragma GCC unroll 16
+                for (int64_t j = 0; j < VL; ++j) {
+#pragma GCC unroll 8
+                    for (int64_t u = 0; u < kCols; ++u) o[u] += vc[j * dv + u] * sc[j];
+                }
+#pragma GCC unroll 8
+                for (int64_t u = 0; u < kCols; ++u) vst<float>(acc + (c + u) * VL, o[u]);
+            }
+            for (; c < dv; ++c) {
                 vf o = vld<float>(acc + c * VL) * alpha;
-                for (int64_t j = 0; j < nb; ++j) o += vrow[j][c] * sc[j];
+                for (int64_t j = 0; j < VL; ++j) o += vf_[j * dv + c] * sc[j];
                 vst<float>(acc + c * VL, o);
             }
         }
@@ -345,6 +357,13 @@ void extend_t(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
             for (int64_t c = 0; c < dv; ++c) st<T>(out, c, acc[c * VL + l] * inv[l]);
         }
     }
+}
+
+template <typename T>
+void extend_d(const ExtendAttnArgs& a, int64_t t0, int64_t t1) {  // the head dim as a constant
+    if (a.d == 64 && a.dv == 64) extend_t<T, 64>(a, t0, t1);
+    else if (a.d == 128 && a.dv == 128) extend_t<T, 128>(a, t0, t1);
+    else extend_t<T, 0>(a, t0, t1);
 }
 
 }  // namespace
@@ -375,8 +394,8 @@ void decode_attention_combine(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {
 }
 
 void extend_attention(const ExtendAttnArgs& a, int64_t t0, int64_t t1) {
-    if (a.dtype == DType::F32) extend_t<float>(a, t0, t1);
-    else extend_t<bf16_t>(a, t0, t1);
+    if (a.dtype == DType::F32) extend_d<float>(a, t0, t1);
+    else extend_d<bf16_t>(a, t0, t1);
 }
 
 int vector_lanes() { return VL; }  // fp32 lanes: the extend kernel's (query, head) pairs per work item
