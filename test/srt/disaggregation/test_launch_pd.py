@@ -225,3 +225,35 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def _ignore_sigint():  # what a shell does to a script's background job (no job control)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.server
+def test_sigint_stops_launch_pd_started_as_a_background_job(tmp_path):
+    """`launch_pd ... &` in a script inherits SIGINT ignored; `kill -INT` must still stop the whole
+    deployment (as it stops launch_server), here while the members are still starting."""
+    d = make_tiny_model(str(tmp_path / "llama"), "llama", seed=9)
+    ports = [find_free_port() for _ in range(4)]
+    log_path = tmp_path / "pd.log"
+    proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_pd", "--model-path", d, "--port", str(ports[0]),
+                             "--prefill-port", str(ports[1]), "--decode-port", str(ports[2]),
+                             "--bootstrap-port", str(ports[3]), "--", "--max-total-tokens", "2048"],
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while len(psutil.Process(proc.pid).children()) < 2 and time.time() < deadline:
+            time.sleep(0.5)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 2, log_path.read_text(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0, log_path.read_text(errors="replace")
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -194,6 +194,9 @@ def main(argv: Sequence[str] = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    # SIGINT explicitly too: a script's background job starts with SIGINT ignored, where Python
+    # installs no KeyboardInterrupt handler, and `kill -INT` must still stop the deployment.
+    signal.signal(signal.SIGINT, on_signal)
     try:
         deployment.start()
         log(f"PD deployment ready: http://{args.host}:{args.port} (prefill :{args.prefill_port}, "
