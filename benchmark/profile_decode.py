@@ -52,12 +52,13 @@ def main():
 
     from sglang.srt.utils.host_memory import keep_freed_memory
 
-    print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}; {keep_freed_memory()}", flush=True)
+    print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)
     path = resolve_model(args.model)
     kw = dict(model_path=path, dtype=args.dtype, max_total_tokens=16384, log_level="error")
     if args.attention_backend:
         kw["attention_backend"] = args.attention_backend
     sched = Scheduler(ServerArgs(**kw))
+    print(keep_freed_memory(), flush=True)  # as the scheduler process does, after loading
     print(f"attention backend: {sched.server_args.attention_backend}", flush=True)
     vocab = model_config(path)["vocab_size"]
     total = 3 * args.steps + 8 if not args.ab_rows else 2 * args.rounds * (args.steps + 2) + 8

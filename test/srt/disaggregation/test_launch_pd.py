@@ -227,6 +227,13 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
             proc.wait(timeout=30)
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _ignore_sigint():  # what a shell does to a script's background job (no job control)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -249,10 +256,12 @@ def test_sigint_stops_launch_pd_started_as_a_background_job(tmp_path):
             time.sleep(0.5)
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert len(tree) >= 2, log_path.read_text(errors="replace")
+        time.sleep(2)  # past the instant a member's process exists before launch_pd holds its handle
+        tree = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0, log_path.read_text(errors="replace")
         _, alive = psutil.wait_procs(tree, timeout=5)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert not [p for p in alive if _running(p)]
     finally:
         if proc.poll() is None:
             proc.kill()

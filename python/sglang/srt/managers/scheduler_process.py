@@ -131,12 +131,14 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
 
         if server_args.device == "cpu":  # the cores this scheduler's forwards own
             from sglang.srt.utils.cpu_binding import bind_scheduler
-            from sglang.srt.utils.host_memory import keep_freed_memory
 
             logger.info(bind_scheduler(rank=0))
-            logger.info(keep_freed_memory())
 
         scheduler = Scheduler(server_args)
+        if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
+            from sglang.srt.utils.host_memory import keep_freed_memory
+
+            logger.info(keep_freed_memory())
         loop = SchedulerLoop(scheduler, port_args)
         ready_pipe.send(SchedulerReady(info=scheduler.ready_info()))
     except Exception:

@@ -36,9 +36,9 @@ def keep_freed_memory() -> str:
     if platform.libc_ver()[0] != "glibc":
         return "host allocator: not glibc, left as it is"
     libc = ctypes.CDLL(None)
-    ok = all(libc.mallopt(param, value) == 1 for param, value in (
-        (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
-    if not ok:
+    results = [libc.mallopt(param, value) for param, value in (  # each applied even if one is refused
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD))]
+    if results != [1, 1, 1]:
         return "host allocator: glibc refused some of the thresholds"
     return (f"host allocator: freed memory kept for reuse (glibc mmap threshold {MMAP_THRESHOLD >> 20} MB, "
             f"trim threshold {TRIM_THRESHOLD >> 20} MB; {ENV}=0 to turn off)")
