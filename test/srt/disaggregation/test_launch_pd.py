@@ -185,11 +185,9 @@ def _serves(url, timeout):
     return False
 
 
-@pytest.mark.server
-def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
-    """As documented (docs/pd.md): the deployment serves; a member that dies is restarted and the
-    deployment serves again; SIGTERM stops every member before launch_pd exits (code 0). Giving
-    up past --max-restarts: test_pd_supervisor.py."""
+def _start_launch_pd(tmp_path, **popen_kw):
+    """launch_pd on a tiny model and free ports; returns (process, [router, prefill, decode,
+    bootstrap] ports, log path)."""
     d = make_tiny_model(str(tmp_path / "llama"), "llama", seed=9)
     ports = [find_free_port() for _ in range(4)]
     log_path = tmp_path / "pd.log"
@@ -197,7 +195,16 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
                              "--prefill-port", str(ports[1]), "--decode-port", str(ports[2]),
                              "--bootstrap-port", str(ports[3]), "--", "--max-total-tokens", "2048"],
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, **popen_kw)
+    return proc, ports, log_path
+
+
+@pytest.mark.server
+def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
+    """As documented (docs/pd.md): the deployment serves; a member that dies is restarted and the
+    deployment serves again; SIGTERM stops every member before launch_pd exits (code 0). Giving
+    up past --max-restarts: test_pd_supervisor.py."""
+    proc, ports, log_path = _start_launch_pd(tmp_path)
     router = f"http://127.0.0.1:{ports[0]}"
     try:
         wait_for_health(router, timeout=240, process=proc)
@@ -242,14 +249,7 @@ def _ignore_sigint():  # what a shell does to a script's background job (no job 
 def test_sigint_stops_launch_pd_started_as_a_background_job(tmp_path):
     """`launch_pd ... &` in a script inherits SIGINT ignored; `kill -INT` must still stop the whole
     deployment (as it stops launch_server), here while the members are still starting."""
-    d = make_tiny_model(str(tmp_path / "llama"), "llama", seed=9)
-    ports = [find_free_port() for _ in range(4)]
-    log_path = tmp_path / "pd.log"
-    proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_pd", "--model-path", d, "--port", str(ports[0]),
-                             "--prefill-port", str(ports[1]), "--decode-port", str(ports[2]),
-                             "--bootstrap-port", str(ports[3]), "--", "--max-total-tokens", "2048"],
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, _, log_path = _start_launch_pd(tmp_path, preexec_fn=_ignore_sigint)
     try:
         deadline = time.time() + 120
         while len(psutil.Process(proc.pid).children()) < 2 and time.time() < deadline:
