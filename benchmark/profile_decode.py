@@ -49,7 +49,6 @@ def main():
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
-
     from sglang.srt.utils.host_memory import keep_freed_memory
 
     print(f"machine: {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)

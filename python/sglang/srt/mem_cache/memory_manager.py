@@ -188,23 +188,20 @@ class MemoryManager:
             out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
         return out
 
-    def _last_locs(self, reqs: Sequence[Any], prefix_lens: Sequence[int]) -> List[int]:
+    def _last_locs(self, rows: torch.Tensor, prefix_lens: Sequence[int]) -> List[int]:
         """Each request's slot of its token at prefix_len - 1 (0 without a prefix), in one gather."""
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
         cols = torch.tensor([max(p - 1, 0) for p in prefix_lens], dtype=torch.int64)
         locs = self.req_to_token_pool.req_to_token[rows, cols].tolist()
         return [loc if p else 0 for loc, p in zip(locs, prefix_lens)]
 
-    def _write_rows(self, reqs: Sequence[Any], prefix_lens: Sequence[int], seq_lens: Sequence[int],
+    def _write_rows(self, rows: torch.Tensor, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                     slots: torch.Tensor) -> None:
-        if all(s - p == 1 for p, s in zip(prefix_lens, seq_lens)):  # a decode step: one scatter
-            rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-            self.req_to_token_pool.req_to_token[rows, torch.tensor(prefix_lens, dtype=torch.int64)] = slots
-            return
-        offset = 0
-        for req, p, s in zip(reqs, prefix_lens, seq_lens):
-            self.req_to_token_pool.write(req.req_pool_idx, p, slots[offset : offset + s - p])
-            offset += s - p
+        """req_to_token[row, prefix_len:seq_len] = each request's share of `slots`, in one scatter."""
+        starts = torch.tensor(prefix_lens, dtype=torch.int64)
+        counts = torch.tensor(seq_lens, dtype=torch.int64) - starts
+        firsts = torch.cumsum(counts, 0) - counts  # each request's first index into `slots`
+        cols = torch.arange(len(slots)) + torch.repeat_interleave(starts - firsts, counts)
+        self.req_to_token_pool.req_to_token[torch.repeat_interleave(rows, counts), cols] = slots
 
     def reserve(self, reqs: Sequence[Any], prefix_lens: Sequence[int], seq_lens: Sequence[int],
                 init_mamba_state: bool = True) -> Optional[torch.Tensor]:
@@ -244,11 +241,12 @@ class MemoryManager:
                 taken_slots.append(req)
                 if init_mamba_state:
                     self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
-        out = self._alloc_kv(prefix_lens, seq_lens, self._last_locs(reqs, prefix_lens))
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        out = self._alloc_kv(prefix_lens, seq_lens, self._last_locs(rows, prefix_lens))
         if out is None:
             rollback()
             return None
-        self._write_rows(reqs, prefix_lens, seq_lens, out)
+        self._write_rows(rows, prefix_lens, seq_lens, out)
         for req, s in zip(reqs, seq_lens):
             req.kv_len = s
         return out
