@@ -108,6 +108,42 @@ def test_abort_during_transfer_on_both_sides(servers):
     assert_idle_and_clean(p)
 
 
+def _cpu_seconds(proc) -> float:
+    """CPU time of a server process and its children (scheduler, detokenizer) so far."""
+    import psutil
+
+    procs = [psutil.Process(proc.pid)]
+    procs += procs[0].children(recursive=True)
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def test_requests_waiting_on_the_other_side_do_not_spin(servers):
+    """A decode request waiting for KV and a prefill request waiting for its decode side leave
+    the cores to others (on a shared machine, the other server's forwards): each scheduler waits
+    for its next message between polls instead of stepping in a busy loop."""
+    ports, procs = servers
+    decode, p, b = ports["decode"], ports["prefill"], ports["boot"]
+    with cf.ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(requests.post, url(port) + "/generate", timeout=90, json={
+            "text": "waiting", "rid": f"wait-{role}", "sampling_params": PARAMS, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": b, "bootstrap_room": room}) for role, port, room in (("d", decode, 201), ("p", p, 202))]
+        time.sleep(1.5)  # both have bootstrapped and wait
+        before = {role: _cpu_seconds(procs[role]) for role in ("decode", "prefill")}
+        t0 = time.monotonic()
+        time.sleep(3)
+        used = {role: _cpu_seconds(procs[role]) - before[role] for role in ("decode", "prefill")}
+        wall = time.monotonic() - t0
+        assert not any(f.done() for f in futs)
+        for rid in ("wait-d", "wait-p"):
+            requests.post(url(decode if rid == "wait-d" else p) + "/abort_request", json={"rid": rid}, timeout=10)
+        for fut in futs:
+            fut.result(timeout=30)
+    for role, seconds in used.items():
+        assert seconds < 0.25 * wall, f"{role} server used {seconds:.2f} s of CPU in {wall:.1f} s while waiting"
+    assert_idle_and_clean(decode)
+    assert_idle_and_clean(p)
+
+
 def test_prefill_killed_while_decode_waits(servers):
     """Runs last: it kills the module's prefill server."""
     ports, procs = servers

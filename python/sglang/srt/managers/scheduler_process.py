@@ -36,6 +36,8 @@ def _max_consecutive_errors() -> int:
 
 
 class SchedulerLoop:
+    IDLE_STEP_WAIT_MS = 1
+
     def __init__(self, scheduler, port_args):
         import zmq
 
@@ -49,13 +51,15 @@ class SchedulerLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         self.consecutive_errors = 0
+        self.forward_ct_seen = -1  # the scheduler's forward count before the last step
 
-    def recv_requests(self, block: bool) -> list:
+    def recv_requests(self, wait_ms: int = 0) -> list:
+        """Messages from the tokenizer, waiting up to `wait_ms` for the first (0: none)."""
         import zmq
 
         msgs = []
-        if block:
-            self.poller.poll(timeout=1000)
+        if wait_ms > 0:
+            self.poller.poll(timeout=wait_ms)
         while True:
             try:
                 msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
@@ -97,9 +101,22 @@ class SchedulerLoop:
         elif isinstance(msg, GetInternalStateReq):
             self.send_to_detokenizer.send_pyobj(GetInternalStateReqOutput(internal_state={"error": repr(exc)}))
 
+    def _wait_ms(self) -> int:
+        """How long to wait for a message before the next step: up to a second with nothing to do;
+        a moment (`IDLE_STEP_WAIT_MS`) when the last step ran no forward, i.e. the work there is
+        waits on something outside (a KV transfer, a bootstrap, a grammar): spinning on it would
+        take a core from whoever computes (the other PD server on shared cores, the transfer
+        threads); none right after a forward."""
+        s = self.scheduler
+        if not s.has_work():
+            return 1000
+        return self.IDLE_STEP_WAIT_MS if s.forward_ct == self.forward_ct_seen else 0
+
     def run_once(self) -> None:
         s = self.scheduler
-        for msg in self.recv_requests(block=not s.has_work()):
+        wait_ms = self._wait_ms()
+        self.forward_ct_seen = s.forward_ct
+        for msg in self.recv_requests(wait_ms):
             self.handle(msg)
         try:
             outs = s.step() if s.has_work() else s.take_outputs()
