@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from sglang.srt.disaggregation.launch_pd import parse_args, role_flags
-from sglang.srt.utils.cpu_binding import available_cores, format_cores, split_for_roles
+from sglang.srt.utils.cpu_binding import available_cores, format_cores
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
 from sglang.test.server_utils import find_free_port, wait_for_health
@@ -210,12 +210,15 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         wait_for_health(router, timeout=240, process=proc)
         assert _serves(router, 30)
         assert len(psutil.Process(proc.pid).children(recursive=True)) >= 3
-        # the two schedulers own disjoint halves of the cores (SGLANG_CPU_OMP_THREADS_BIND per role)
-        halves = split_for_roles(available_cores())
-        for role, cores in zip(("prefill", "decode"), halves):
+        # both schedulers are bound to every core and take turns on one file (docs/pd.md)
+        cores = available_cores()
+        for role in ("prefill", "decode"):
             affinities = [sorted(c.cpu_affinity()) for c in _member_pid(proc.pid, role).children(recursive=True)]
             assert cores in affinities, (role, affinities)
-            assert f"bound to cores {format_cores(cores)}" in log_path.read_text(errors="replace")
+        log = log_path.read_text(errors="replace")
+        assert log.count(f"bound to cores {format_cores(cores)}") == 2
+        turn_files = {line.split(" on ", 1)[1].split()[0] for line in log.splitlines() if "compute turns: shared" in line}
+        assert len(turn_files) == 1 and log.count("compute turns: shared") == 2, log
         _clients_shapes_then_pools_free(router, ports)
         _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
         _member_pid(proc.pid, "decode").kill()
@@ -228,6 +231,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         assert proc.wait(timeout=90) == 0
         _, alive = psutil.wait_procs(tree, timeout=1)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert not os.path.exists(os.path.dirname(turn_files.pop()))  # launch_pd's own directory is gone
     finally:
         if proc.poll() is None:
             proc.kill()

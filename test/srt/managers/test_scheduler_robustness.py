@@ -72,6 +72,46 @@ def test_a_failing_batch_aborts_only_its_requests(model_dir, hf_model):
     assert_no_leak(sched)
 
 
+def _turn_is_free(path) -> bool:
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_scheduler_gives_its_turn_back_after_every_step(model_dir, hf_model, monkeypatch, tmp_path):
+    """SGLANG_CPU_TURNS_FILE: one turn per step that runs a forward, free again when the step ends,
+    a failing step's too; the outputs are unchanged."""
+    path = str(tmp_path / "turns")
+    monkeypatch.setenv("SGLANG_CPU_TURNS_FILE", path)
+    sched = make_scheduler(model_dir)
+    assert sched.turns.enabled
+    prompts = random_prompts([12, 30], seed=3)
+    reqs = [submit(sched, f"t{i}", p, 6) for i, p in enumerate(prompts)]
+    while sched.has_work():
+        sched.step()
+        assert _turn_is_free(path)
+    assert sched.turns.turns_taken == sched.forward_ct > 0
+    poison = 4242
+    sched.model_runner.forward = PoisonedForward(sched.model_runner, poison)
+    submit(sched, "bad", [7, poison], 4)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        sched.step()
+    assert _turn_is_free(path)
+    sched.recover_from_step_error(RuntimeError("injected fault"))
+    for req, p in zip(reqs, prompts):
+        assert req.output_ids == hf_greedy(hf_model, p, 6)
+    assert_no_leak(sched)
+    sched.close()
+
+
 def test_the_loop_contains_a_fault_and_gives_up_after_too_many(model_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("SGLANG_SCHEDULER_MAX_CONSECUTIVE_ERRORS", "3")
     sched = make_scheduler(model_dir)

@@ -1,4 +1,4 @@
-"""SGLANG_CPU_OMP_THREADS_BIND: parsing, the launch_pd split, and a real bind in a subprocess."""
+"""SGLANG_CPU_OMP_THREADS_BIND: parsing, launch_pd's cores and turns per role, and a real bind in a subprocess."""
 
 import os
 import subprocess
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from sglang.srt.disaggregation.launch_pd import role_core_binding
-from sglang.srt.utils.cpu_binding import (ENV, available_cores, cores_for_rank, format_cores, parse_core_list,
-                                          split_for_roles)
+from sglang.srt.disaggregation.launch_pd import role_core_binding, turns_env
+from sglang.srt.utils.compute_turns import ENV as TURNS_ENV
+from sglang.srt.utils.cpu_binding import ENV, available_cores, cores_for_rank, cores_overlap, format_cores, parse_core_list
 
 
 def test_core_lists_round_trip():
@@ -30,20 +30,23 @@ def test_ranks_and_unavailable_cores():
         cores_for_rank("100000")
 
 
-def test_split_for_roles():
-    assert split_for_roles([0, 1]) == [[0], [1]]
-    assert split_for_roles([0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
-    assert split_for_roles([0]) == [[0], [0]]  # one core: shared, nothing else possible
-
-
 def test_launch_pd_binding_per_role():
-    cores = available_cores()
-    halves = split_for_roles(cores)
-    assert role_core_binding({}) == {"prefill": format_cores(halves[0]), "decode": format_cores(halves[1])}
+    every = format_cores(available_cores())
+    assert role_core_binding({}) == {"prefill": every, "decode": every}
     assert role_core_binding({ENV: "0-1|2-3"}) == {"prefill": "0-1", "decode": "2-3"}
+    assert role_core_binding({ENV: "0-1"}) == {"prefill": "0-1", "decode": "0-1"}
     assert role_core_binding({ENV: "all"}) == {"prefill": "all", "decode": "all"}
     with pytest.raises(ValueError, match="one core list, or two"):
         role_core_binding({ENV: "0|1|2"})
+
+
+def test_servers_take_turns_exactly_when_their_cores_overlap(tmp_path):
+    assert cores_overlap("0-1", "1-2") and cores_overlap("all", "0") and not cores_overlap("0", "1")
+    d = str(tmp_path)
+    assert turns_env({}, role_core_binding({}), d) == {TURNS_ENV: os.path.join(d, "compute_turns")}
+    assert turns_env({}, {"prefill": "0-3", "decode": "2-5"}, d) == {TURNS_ENV: os.path.join(d, "compute_turns")}
+    assert turns_env({}, {"prefill": "0", "decode": "1"}, d) == {}  # a split: each alone on its cores
+    assert turns_env({TURNS_ENV: ""}, role_core_binding({}), d) == {}  # set by the user (empty: no turns)
 
 
 def test_bind_scheduler_pins_the_process_and_its_threads():

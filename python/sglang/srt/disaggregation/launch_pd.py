@@ -9,10 +9,14 @@ through `sglang.check_server_args` first, so a wrong combination fails in a seco
 weights load. The router is the real `sglang-router` when installed (`--router rust|mini-lb`),
 else the in-tree `sglang.srt.router.mini_lb`.
 
-Cores (CPU serving): the two schedulers get disjoint cores through upstream's
-`SGLANG_CPU_OMP_THREADS_BIND` (see `sglang.srt.utils.cpu_binding`). Unset: the cores this
-process may use are split, the prefill server taking the first half. "P|D" (e.g. "0-3|4-7"):
-prefill P, decode D. One list: both share it. "all": no binding (each takes every core).
+Cores (CPU serving), through upstream's `SGLANG_CPU_OMP_THREADS_BIND` (see
+`sglang.srt.utils.cpu_binding`): unset, both schedulers get every core this process may use;
+one list: both get it; "P|D" (e.g. "0-3|4-7"): prefill P, decode D; "all": no binding. Two
+schedulers whose cores overlap take turns (`sglang.srt.utils.compute_turns`: one batch at a
+time, each with all its cores; launch_pd sets `SGLANG_CPU_TURNS_FILE` to a file of its own
+unless the variable is set; empty: no turns). Measured on 2 cores (benchmark/RESULTS.md):
+sharing by turns serves more than a split and prefills sooner, the split streams each token
+faster (decode alone on its core, never behind a prefill): "0|1" chooses it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Mapping, Sequence
 
@@ -65,18 +71,29 @@ def role_flags(role: str, common: Sequence[str], args) -> List[str]:
 
 def role_core_binding(environ: Mapping[str, str]) -> Dict[str, str]:
     """SGLANG_CPU_OMP_THREADS_BIND for each server (see the module docstring)."""
-    from sglang.srt.utils.cpu_binding import ENV, available_cores, format_cores, split_for_roles
+    from sglang.srt.utils.cpu_binding import ENV, available_cores, format_cores
 
     spec = environ.get(ENV)
     if spec is None:
-        prefill, decode = split_for_roles(available_cores(), 2)
-        return {"prefill": format_cores(prefill), "decode": format_cores(decode)}
+        every = format_cores(available_cores())
+        return {"prefill": every, "decode": every}
     groups = spec.split("|")
     if len(groups) == 1:
         return {"prefill": spec, "decode": spec}
     if len(groups) == 2:
         return {"prefill": groups[0], "decode": groups[1]}
     raise ValueError(f"{ENV}={spec!r}: launch_pd takes one core list, or two ('prefill|decode')")
+
+
+def turns_env(environ: Mapping[str, str], cores: Mapping[str, str], directory: str) -> Dict[str, str]:
+    """SGLANG_CPU_TURNS_FILE for both servers: a file in `directory` when their cores overlap and
+    the variable is not set (set, even empty, it is the user's)."""
+    from sglang.srt.utils.compute_turns import ENV as TURNS_ENV
+    from sglang.srt.utils.cpu_binding import cores_overlap
+
+    if TURNS_ENV in environ or not cores_overlap(cores["prefill"], cores["decode"]):
+        return {}
+    return {TURNS_ENV: os.path.join(directory, "compute_turns")}
 
 
 def check_role(flags: List[str]) -> None:
@@ -177,14 +194,17 @@ def main(argv: Sequence[str] = None) -> int:
     from sglang.srt.utils.cpu_binding import ENV
 
     cores = role_core_binding(os.environ)
-    print(f"[launch_pd] cores: prefill {cores['prefill']}, decode {cores['decode']} ({ENV})", flush=True)
+    workdir = tempfile.mkdtemp(prefix="sglang-launch-pd-")
+    turns = turns_env(os.environ, cores, workdir)
+    how = "; they take turns (SGLANG_CPU_TURNS_FILE)" if turns else ""
+    print(f"[launch_pd] cores: prefill {cores['prefill']}, decode {cores['decode']} ({ENV}){how}", flush=True)
     # The web page of each server sends its chat through the router (a PD server alone cannot
     # serve a request) and shows its own server's state.
     web_env = {WEB_API_BASE_ENV: f"{base}:{args.port}"}
     members = [
         Member(role, [sys.executable, "-m", "sglang.launch_server", *roles[role]],
                f"{base}:{args.prefill_port if role == 'prefill' else args.decode_port}", args.startup_timeout,
-               wait_healthy, env={**os.environ, ENV: cores[role], **web_env})
+               wait_healthy, env={**os.environ, ENV: cores[role], **turns, **web_env})
         for role in ("prefill", "decode")
     ]
     members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy))
@@ -213,6 +233,7 @@ def main(argv: Sequence[str] = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         deployment.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from sglang.srt.managers.scheduler_output import collect_outputs, record_logprob
 from sglang.srt.managers.scheduler_stats import SchedulerStatsMixin
 from sglang.srt.managers.role_factory import make_role
 from sglang.srt.managers.server_role import SchedulerFacade
+from sglang.srt.utils.compute_turns import ComputeTurns
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.new_token_ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_new_token_ratio
         self.forward_ct = 0
+        # SGLANG_CPU_TURNS_FILE: CPU cores shared with another scheduler, one batch at a time
+        self.turns = ComputeTurns.from_env() if sa.device == "cpu" else ComputeTurns(None)
         self.num_retracted_total = 0
         self.num_recomputed_tokens = 0  # prompt tokens prefilled again after a retraction
         self.stream_interval = sa.stream_interval
@@ -105,6 +108,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def close(self) -> None:
         """Stops the role's transfer threads and sockets (in-process schedulers: tests, tools)."""
         self.role.close()
+        self.turns.close()
         if self.grammar_manager is not None:
             self.grammar_manager.backend.shutdown()
 
@@ -124,11 +128,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self._drop_aborted_running()
         self.move_ready_grammar_requests()
         self.role.process()
-        batch = self.get_new_prefill_batch()
-        if batch is not None:
-            self.run_extend(*batch)
-        elif self.running_reqs:
-            self.run_decode()
+        try:
+            batch = self.get_new_prefill_batch()
+            if batch is not None:
+                self.run_extend(*batch)
+            elif self.running_reqs:
+                self.run_decode()
+        finally:
+            self.turns.give_back()  # taken by this step's forward, if it ran one
         self.in_flight = []
         return self.take_outputs()
 
@@ -345,6 +352,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.num_generated_tokens += 1
 
     def _forward(self, forward_batch):
+        self.turns.take()  # shared cores: one scheduler's batch at a time (given back when the step ends)
         self.forward_started_at = time.monotonic()
         try:
             return self.model_runner.forward(forward_batch)

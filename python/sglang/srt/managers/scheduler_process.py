@@ -156,6 +156,8 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
             from sglang.srt.utils.host_memory import keep_freed_memory
 
             logger.info(keep_freed_memory())
+            if scheduler.turns.enabled:
+                logger.info(scheduler.turns.describe())
         loop = SchedulerLoop(scheduler, port_args)
         ready_pipe.send(SchedulerReady(info=scheduler.ready_info()))
     except Exception:

@@ -7,8 +7,8 @@ keeps the cores it was started with and torch's thread count (OMP_NUM_THREADS, e
 core). Processes that do no forwards (the HTTP/tokenizer process, the detokenizer) run one
 thread: a full-width OpenMP pool in an idle process spins against the scheduler's.
 
-`launch_pd` splits the machine between its prefill and decode servers through this variable
-(`split_for_roles`), so two schedulers never share a core unless the user asks for it.
+`launch_pd` gives its prefill and decode servers their cores through this variable; servers
+whose cores overlap take turns (`sglang.srt.utils.compute_turns`).
 """
 
 from __future__ import annotations
@@ -76,18 +76,12 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def split_for_roles(cores: Sequence[int], roles: int = 2) -> List[List[int]]:
-    """Contiguous shares of `cores`, the first roles getting the larger ones; with fewer cores
-    than roles, every role gets all of them (sharing is then unavoidable)."""
-    cores = list(cores)
-    if len(cores) < roles:
-        return [cores] * roles
-    out, start = [], 0
-    for i in range(roles):
-        n = len(cores) // roles + (1 if i < len(cores) % roles else 0)
-        out.append(cores[start:start + n])
-        start += n
-    return out
+def cores_overlap(spec_a: str, spec_b: str) -> bool:
+    """Whether two processes bound by these specs (one rank's list each, or "all") share a core."""
+    def cores(spec: str) -> set:
+        return set(available_cores()) if spec.strip() in ("", "all") else set(parse_core_list(spec))
+
+    return bool(cores(spec_a) & cores(spec_b))
 
 
 def format_cores(cores: Sequence[int]) -> str:

@@ -1,0 +1,91 @@
+"""SGLANG_CPU_TURNS_FILE (`compute_turns`): processes on one file never hold a turn at once, a
+turn held by a process that dies passes on, and without a file nothing is serialised."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from sglang.srt.utils.compute_turns import ENV, ComputeTurns
+
+# Waits for a common start instant, then takes `n` turns of 10 ms of busy work each and prints
+# the (start, end) of every turn on the system-wide monotonic clock.
+WORKER = r"""
+import json, sys, time
+from sglang.srt.utils.compute_turns import ComputeTurns
+path, n, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+turns = ComputeTurns(path)
+while time.monotonic() < start:
+    time.sleep(0.001)
+spans = []
+for _ in range(n):
+    turns.take()
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + 0.01:
+        pass
+    spans.append((t0, time.monotonic()))
+    turns.give_back()
+print(json.dumps([spans, turns.turns_taken]))
+"""
+
+
+def _two_workers(path: str, n: int = 25):
+    start = time.monotonic() + 4.0  # both interpreters are up by then
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, path, str(n), str(start)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    out = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    return out
+
+
+def _overlapping(a, b) -> int:
+    return sum(1 for s0, e0 in a for s1, e1 in b if s0 < e1 and s1 < e0)
+
+
+def test_turns_on_one_file_never_overlap(tmp_path):
+    (a, taken_a), (b, taken_b) = _two_workers(str(tmp_path / "turns"))
+    assert taken_a == taken_b == 25
+    assert _overlapping(a, b) == 0
+    # interleaved, not one after the other: the second waits for turns, not for the first to finish
+    assert min(e for _, e in a) < max(s for s, _ in b) and min(e for _, e in b) < max(s for s, _ in a)
+
+
+def test_without_a_file_the_same_work_overlaps():
+    (a, taken_a), (b, _) = _two_workers("")
+    assert taken_a == 0  # no file: take() is a no-op
+    assert _overlapping(a, b) > 0
+
+
+def test_a_turn_held_by_a_dead_process_passes_on(tmp_path):
+    path = str(tmp_path / "turns")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from sglang.srt.utils.compute_turns import ComputeTurns\n"
+                               "t = ComputeTurns(sys.argv[1]); t.take(); print('held', flush=True); time.sleep(600)", path],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter = subprocess.Popen([sys.executable, "-c", "import sys\n"
+                                   "from sglang.srt.utils.compute_turns import ComputeTurns\n"
+                                   "ComputeTurns(sys.argv[1]).take(); print('taken')", path],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(2)
+        assert waiter.poll() is None  # waits while the holder lives
+        holder.kill()
+        assert waiter.communicate(timeout=30)[0].strip() == "taken"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_take_is_reentrant_and_give_back_idempotent(tmp_path):
+    turns = ComputeTurns(str(tmp_path / "turns"))
+    turns.take()
+    turns.take()  # a second forward in the same step: still one turn
+    assert turns.held and turns.turns_taken == 1
+    turns.give_back()
+    turns.give_back()
+    assert not turns.held
+    turns.close()
+    assert not ComputeTurns(None).enabled and not ComputeTurns("").enabled
+    assert ENV in ComputeTurns(os.devnull).describe()
