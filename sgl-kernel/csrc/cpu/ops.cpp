@@ -426,38 +426,35 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     if (T == 0) return out;
     const auto& kt = kernels();
     const int64_t G = hq / hk, VL = kt.vector_lanes();
-    // Work items (request, kv head, first lane), most keys first, dealt to the threads' chunks in
-    // a snake so that every chunk of at::parallel_for's static split gets a like share of keys.
-    struct Item { int64_t cost, r, kh, lane0; };
-    std::vector<Item> items;
+    // Work items (request, kv head, first lane) in that order, so that the items reading the same
+    // keys run one after another on one thread (a request's K/V rows stay in L1/L2; dealt out by
+    // cost instead, the time per request of 32 new tokens grew ~40% from 16 to 64 requests);
+    // each thread takes one contiguous run, the runs cut where the keys scored so far reach its share.
+    std::vector<int64_t> tasks, cost_before;
+    int64_t cost_total = 0;
     for (int64_t r = 0; r < R; ++r)
-        for (int64_t lane0 = 0; lane0 < ep[r] * G; lane0 += VL) {
-            const int64_t t_lo = lane0 / G, t_hi = std::min(ep[r] * G, lane0 + VL) / G;
-            const int64_t hi = pp[r] + t_hi, lo = window > 0 ? std::max<int64_t>(0, pp[r] + t_lo + 1 - window) : 0;
-            for (int64_t kh = 0; kh < hk; ++kh) items.push_back({hi - lo + 1, r, kh, lane0});
-        }
-    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
-    const int64_t N = static_cast<int64_t>(items.size());
+        for (int64_t kh = 0; kh < hk; ++kh)
+            for (int64_t lane0 = 0; lane0 < ep[r] * G; lane0 += VL) {
+                const int64_t t_lo = lane0 / G, t_hi = std::min(ep[r] * G, lane0 + VL) / G;
+                const int64_t hi = pp[r] + t_hi, lo = window > 0 ? std::max<int64_t>(0, pp[r] + t_lo + 1 - window) : 0;
+                tasks.insert(tasks.end(), {r, kh, lane0});
+                cost_before.push_back(cost_total);
+                cost_total += hi - lo + 1;
+            }
+    const int64_t N = static_cast<int64_t>(cost_before.size());
     const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
-    const int64_t chunk = (N + threads - 1) / threads;
-    std::vector<int64_t> tasks(3 * N);
-    std::vector<int64_t> fill(threads, 0);
-    for (int64_t i = 0; i < N; ++i) {
-        const int64_t round = i / threads, k = i % threads;
-        int64_t th = round % 2 == 0 ? k : threads - 1 - k;
-        while (fill[th] >= std::min(chunk, N - th * chunk)) th = (th + 1) % threads;  // the last chunk may be short
-        const int64_t slot = th * chunk + fill[th]++;
-        tasks[3 * slot] = items[i].r;
-        tasks[3 * slot + 1] = items[i].kh;
-        tasks[3 * slot + 2] = items[i].lane0;
-    }
+    std::vector<int64_t> bounds(threads + 1, N);
+    for (int64_t th = 0; th < threads; ++th)  // the first item whose cost starts at or past th's share
+        bounds[th] = std::lower_bound(cost_before.begin(), cost_before.end(), cost_total * th / threads) - cost_before.begin();
     ExtendAttnArgs a{q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                      req_to_token.scalar_type() == at::kLong ? req_to_token.data_ptr<int64_t>() : nullptr,
                      req_to_token.scalar_type() == at::kInt ? req_to_token.data_ptr<int32_t>() : nullptr,
                      req_to_token.stride(0), rp, pp, ep, starts.data(), smap.defined() ? smap.data_ptr<int64_t>() : nullptr,
                      tasks.data(), hq, hk, d, dv, q.stride(0), window, static_cast<float>(scale),
                      static_cast<float>(logit_cap), dt};
-    at::parallel_for(0, N, 1, [&](int64_t t0, int64_t t1) { kt.extend_attention(a, t0, t1); });
+    at::parallel_for(0, threads, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t th = b0; th < b1; ++th) kt.extend_attention(a, bounds[th], bounds[th + 1]);
+    });
     return out;
 }
 
