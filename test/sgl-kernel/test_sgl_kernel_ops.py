@@ -156,6 +156,32 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
         ops.linear(torch.randn(3, 41).bfloat16(), packed, None, None)
 
 
+@pytest.mark.parametrize("M", [1, 5, 6, 7, 13, 200])
+@pytest.mark.parametrize("I,K,packed", [(32, 1, True), (64, 33, True), (96, 576, True), (48, 64, True),
+                                         (16, 40, False), (96, 33, False)])
+def test_linear_silu_mul_is_silu_and_mul_of_linear(isa, M, I, K, packed):
+    """linear_silu_mul(x, gate_up) is bit-identical to silu_and_mul(linear(x, gate_up)): over panel
+    weights one pass (6-row gated tiles and every tail, M past the 192-row block, odd K, one and
+    several gate panels, a bias); I not a multiple of 32 (gate and up panels would straddle) and
+    plain weights take the two-op path."""
+    g = torch.Generator().manual_seed(M * 7 + I + K)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = (torch.randn(2 * I, K, generator=g) / K ** 0.5 * 3).bfloat16()
+    bias = torch.randn(2 * I, generator=g).bfloat16()
+    if packed and (2 * I) % 32:
+        pytest.skip("not packable")
+    wt = ops.pack_linear_weight(w) if packed else w
+    for b in (bias, None):
+        got = ops.linear_silu_mul(x, wt, None, b)
+        assert got.shape == (M, I) and not got.isnan().any()
+        assert torch.equal(got, ops.silu_and_mul(ops.linear(x, wt, None, b)))
+    if packed:
+        _close(ops.linear_silu_mul(x, wt, None, bias),
+               ops.silu_and_mul(F.linear(x.float(), w.float(), bias.float()).bfloat16()), torch.bfloat16)
+    x32 = x.float()
+    assert torch.equal(ops.linear_silu_mul(x32, w.float(), None, None), ops.silu_and_mul(ops.linear(x32, w.float(), None, None)))
+
+
 def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), w, eps)

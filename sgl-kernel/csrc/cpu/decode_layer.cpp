@@ -7,7 +7,7 @@
 //     q, k = rotary_embedding(positions, q, k); k_cache[loc], v_cache[loc] = k, v
 //     o = linear(decode_attention(q, k_cache, v_cache, ...), o_proj)
 //     h, r = add_rmsnorm(o, r, post_norm)
-//     return linear(silu_and_mul(linear(h, gate_up)), down), r
+//     return linear(linear_silu_mul(h, gate_up), down), r      (= silu_and_mul(linear(h, gate_up)))
 //
 // so its result is bit-identical to that path (test/srt/layers/test_fused_decode.py), without
 // ~25 Python-level calls, their temporaries and dtype round trips per layer: at batch 1 those
@@ -115,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     if (B == 0) return {out, res_out};
     at::Tensor h = at::empty({B, H}, opt), qkv_out = at::empty({B, qkv_n}, opt);
     at::Tensor q_rot = at::empty({B, hq * d}, opt), attn = at::empty({B, hq * d}, opt);
-    at::Tensor gu = at::empty({B, 2 * I}, opt), act = at::empty({B, I}, opt);
+    at::Tensor act = at::empty({B, I}, opt);
     const size_t esz = hidden.element_size();
     auto row = [&](const at::Tensor& t, int64_t r, int64_t col) {  // &t[r, col] of a dense 2-D tensor
         return static_cast<char*>(t.data_ptr()) + (r * t.size(1) + col) * esz;
@@ -175,8 +175,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
         run_rmsnorm(a, B);
         res_out = r_out;
     }
-    linear_into(gate_up, h.data_ptr(), B, dt, gu.data_ptr());
-    run_silu_and_mul(gu.data_ptr(), act.data_ptr(), I, 2 * I, dt, B);
+    run_linear_silu_mul(gate_up, h.data_ptr(), dt, B, H, act.data_ptr());
     linear_into(down, act.data_ptr(), B, dt, out.data_ptr());
     return {out, res_out};
 }

@@ -30,6 +30,10 @@ struct LinearArgs {
     void* y;             // [M, N] output of type ytype (row stride ldy)
     int64_t ldy;
     DType ytype;
+    // BF16_PANELS only, > 0: a gated MLP's gate_up, up rows `up_offset` panels after the gate's;
+    // y [M, ldy] = silu(x @ gate.T) * (x @ up.T) over the gate panels, each product rounded to
+    // ytype first as the unfused linear then silu_and_mul rounds it.
+    int64_t up_offset = 0;
 };
 
 struct NormArgs {

@@ -192,6 +192,23 @@ void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int6
                      [&](int64_t b0, int64_t b1) { kt.linear(a, b0 * kBlock, std::min(N, b1 * kBlock)); });
 }
 
+void run_linear_silu_mul(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y) {
+    TORCH_CHECK(l.N % 2 == 0, "sgl_kernel.linear_silu_mul: gate_up must have an even number of rows");
+    const int64_t I = l.N / 2;
+    if (l.wtype == WType::BF16_PANELS && I % kPanel == 0) {
+        TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
+        LinearArgs a{nullptr, static_cast<const bf16_t*>(x), M, l.K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+                     nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, I, xt};
+        a.up_offset = I / kPanel;
+        const auto& kt = kernels();  // a gate panel is two panels' work: one at least per thread
+        at::parallel_for(0, I / kPanel, 1, [&](int64_t p0, int64_t p1) { kt.linear_panels(a, p0, p1); });
+        return;
+    }
+    at::Tensor gu = at::empty({M, 2 * I}, at::TensorOptions().dtype(xt == DType::F32 ? at::kFloat : at::kBFloat16));
+    run_linear(l, x, xt, M, ldx, gu.data_ptr(), xt);
+    run_silu_and_mul(gu.data_ptr(), y, I, 2 * I, xt, M);
+}
+
 void run_rmsnorm(const NormArgs& a, int64_t rows) {
     const auto& kt = kernels();
     at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(a.H, 1)),
@@ -248,6 +265,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
     at::Tensor y = at::empty(shape, x.options());
     if (M == 0 || N == 0) return y;
     run_linear(l, x2.data_ptr(), yt, M, x2.stride(0), y.data_ptr(), yt);
+    return y;
+}
+
+// silu(gate) * up of x @ w.T for a gate_up weight [2I, K] (gate rows first; any form linear
+// takes): silu_and_mul(linear(x, w, w_scale, bias)), bit-identical, in one pass over panel weights.
+at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
+                           const c10::optional<at::Tensor>& bias) {
+    at::Tensor x2 = as_rows(x, "x");
+    const int64_t M = x2.size(0), K = x2.size(1);
+    const DType xt = dtype_of(x, "x");
+    const LinearWeights l = linear_weights(w, w_scale, bias, K, "sgl_kernel.linear_silu_mul");
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = l.N / 2;
+    at::Tensor y = at::empty(shape, x.options());
+    if (M == 0 || l.N == 0) return y;
+    run_linear_silu_mul(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr());
     return y;
 }
 
@@ -532,6 +565,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("use_isa(str name) -> str", &sglk::use_isa);
     m.def("cpu_supports(str name) -> bool", &sglk::cpu_supports);
     m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
+    m.def("linear_silu_mul(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
     m.def("pack_linear_weight(Tensor w) -> Tensor");
     m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -549,6 +583,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
 
 TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("linear", &sglk::linear);
+    m.impl("linear_silu_mul", &sglk::linear_silu_mul);
     m.impl("pack_linear_weight", &sglk::pack_linear_weight);
     m.impl("rmsnorm", &sglk::rmsnorm);
     m.impl("add_rmsnorm", &sglk::add_rmsnorm);

@@ -53,6 +53,10 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
 // ldx); bf16 x is read as it is where the kernels multiply bf16 pairs (AVX512-BF16), else copied
 // to fp32 first (exactly). Panel weights need bf16 x and split by panels of 32 outputs.
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt);
+// silu(x @ gate.T) * (x @ up.T) into y [M, N / 2] (dtype xt) for a gate_up weight (gate rows
+// first): panel weights in one pass that never stores the products, else run_linear into a
+// temporary and run_silu_and_mul; both round alike, so the results are bit-identical.
+void run_linear_silu_mul(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y);
 void run_rmsnorm(const NormArgs& a, int64_t rows);
 void run_silu_and_mul(const void* x, void* out, int64_t d, int64_t ldx, DType dt, int64_t rows);
 void run_rope(const RopeArgs& a, int64_t T);

@@ -13,12 +13,26 @@
 namespace {
 
 constexpr int kPanelTileRows = 12;      // activation rows per register tile
+constexpr int kGatedTileRows = 6;       // gated (up_offset): 6 rows x (32 gate + 32 up)
 constexpr int64_t kPanelRowBlock = 192;  // rows per pass over a thread's panels (stay in L2)
 
 template <typename TY>
 inline void panel_store(const LinearArgs& a, int64_t m, int64_t n0, int64_t j, vf v) {
     if (a.bias) v += vld<float>(a.bias + n0 + j);
     vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + n0 + j, v);
+}
+
+// Gated: outputs j.. j + 15 of gate panel `panel` from its gate and up sums, rounded as
+// silu_mul_t rounds what the unfused linear stored (same formula, same vexp).
+template <typename TY>
+inline void gated_store(const LinearArgs& a, int64_t m, int64_t panel, int64_t j, vf g, vf u) {
+    if (a.bias) {
+        g += vld<float>(a.bias + panel * kPanel + j);
+        u += vld<float>(a.bias + (panel + a.up_offset) * kPanel + j);
+    }
+    g = vrnd<TY>(g);
+    u = vrnd<TY>(u);
+    vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + panel * kPanel + j, vrnd<TY>(g / (1.0f + vexp(-g))) * u);
 }
 
 #if SGLK_BF16_DOT
@@ -28,27 +42,46 @@ inline vh2 pair_splat(const bf16_t* p) {  // (p[0], p[1]) in every 32-bit lane
     return __builtin_bit_cast(vh2, vu{} + u);
 }
 
-// Rows [m0, m0 + R) of panel `panel`: R x 32 outputs. Meanwhile `pf_step` bytes a k pair from
-// `pf` on (the next panel's share of this tile, see linear_panels_t) are prefetched into L2.
-template <typename TY, int R>
+// Rows [m0, m0 + R) of panel `panel`: R x 32 outputs (GATED: of gate panel `panel` and its up
+// panel, 2 x R x 32 sums, R x 32 outputs). Meanwhile `pf_step` bytes a k pair from `pf` on (the
+// next panel's share of this tile, see linear_panels_t; GATED: of the next up panel too) are
+// prefetched into L2.
+template <typename TY, int R, bool GATED>
 void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
     static_assert(VL == 16, "the bf16 panel tile is written for 512-bit vectors");
+    constexpr int RU = GATED ? R : 1;
     const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
+    const bf16_t* wu = w + a.up_offset * a.ldw;
+    const int64_t up_bytes = a.up_offset * a.ldw * static_cast<int64_t>(sizeof(bf16_t));
     const bf16_t* x = a.xb + m0 * a.ldx;
     const int64_t pairs = a.K / 2;
-    vf c0[R], c1[R];
+    vf c0[R], c1[R], c2[RU], c3[RU];
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = vf{};
+    for (int r = 0; r < RU; ++r) c2[r] = c3[r] = vf{};
     for (int64_t p = 0; p < pairs; ++p) {
         const vh2 b0 = *reinterpret_cast<const vh2*>(w + p * 64), b1 = *reinterpret_cast<const vh2*>(w + p * 64 + 32);
+        vh2 u0{}, u1{};
+        if constexpr (GATED) {
+            u0 = *reinterpret_cast<const vh2*>(wu + p * 64);
+            u1 = *reinterpret_cast<const vh2*>(wu + p * 64 + 32);
+        }
         if (pf) {
             __builtin_prefetch(pf + p * pf_step, 0, 2);
             if (pf_step > 64) __builtin_prefetch(pf + p * pf_step + 64, 0, 2);
+            if constexpr (GATED) {
+                __builtin_prefetch(pf + up_bytes + p * pf_step, 0, 2);
+                if (pf_step > 64) __builtin_prefetch(pf + up_bytes + p * pf_step + 64, 0, 2);
+            }
         }
 #pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
             const vh2 xv = pair_splat(x + r * a.ldx + 2 * p);
             c0[r] = dpbf16(c0[r], xv, b0);
             c1[r] = dpbf16(c1[r], xv, b1);
+            if constexpr (GATED) {
+                c2[r] = dpbf16(c2[r], xv, u0);
+                c3[r] = dpbf16(c3[r], xv, u1);
+            }
         }
     }
     if (a.K & 1) {  // the last k alone: its pair's second weight is the panel's zero padding
@@ -57,45 +90,64 @@ void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, 
             const vh2 xv = __builtin_bit_cast(vh2, vu{} + static_cast<uint32_t>(x[r * a.ldx + a.K - 1]));
             c0[r] = dpbf16(c0[r], xv, b0);
             c1[r] = dpbf16(c1[r], xv, b1);
+            if constexpr (GATED) {
+                c2[r] = dpbf16(c2[r], xv, *reinterpret_cast<const vh2*>(wu + pairs * 64));
+                c3[r] = dpbf16(c3[r], xv, *reinterpret_cast<const vh2*>(wu + pairs * 64 + 32));
+            }
         }
     }
     for (int r = 0; r < R; ++r) {
-        panel_store<TY>(a, m0 + r, panel * kPanel, 0, c0[r]);
-        panel_store<TY>(a, m0 + r, panel * kPanel, 16, c1[r]);
+        if constexpr (GATED) {
+            gated_store<TY>(a, m0 + r, panel, 0, c0[r], c2[r]);
+            gated_store<TY>(a, m0 + r, panel, 16, c1[r], c3[r]);
+        } else {
+            panel_store<TY>(a, m0 + r, panel * kPanel, 0, c0[r]);
+            panel_store<TY>(a, m0 + r, panel * kPanel, 16, c1[r]);
+        }
     }
 }
 
-template <typename TY>
+template <typename TY, bool GATED>
 void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
+    if constexpr (!GATED) {
+        switch (rows) {
+            case 12: return panel_tile<TY, 12, GATED>(a, m0, panel, pf, pf_step);
+            case 11: return panel_tile<TY, 11, GATED>(a, m0, panel, pf, pf_step);
+            case 10: return panel_tile<TY, 10, GATED>(a, m0, panel, pf, pf_step);
+            case 9: return panel_tile<TY, 9, GATED>(a, m0, panel, pf, pf_step);
+            case 8: return panel_tile<TY, 8, GATED>(a, m0, panel, pf, pf_step);
+            case 7: return panel_tile<TY, 7, GATED>(a, m0, panel, pf, pf_step);
+            default: break;
+        }
+    }
     switch (rows) {
-        case 12: panel_tile<TY, 12>(a, m0, panel, pf, pf_step); break;
-        case 11: panel_tile<TY, 11>(a, m0, panel, pf, pf_step); break;
-        case 10: panel_tile<TY, 10>(a, m0, panel, pf, pf_step); break;
-        case 9: panel_tile<TY, 9>(a, m0, panel, pf, pf_step); break;
-        case 8: panel_tile<TY, 8>(a, m0, panel, pf, pf_step); break;
-        case 7: panel_tile<TY, 7>(a, m0, panel, pf, pf_step); break;
-        case 6: panel_tile<TY, 6>(a, m0, panel, pf, pf_step); break;
-        case 5: panel_tile<TY, 5>(a, m0, panel, pf, pf_step); break;
-        case 4: panel_tile<TY, 4>(a, m0, panel, pf, pf_step); break;
-        case 3: panel_tile<TY, 3>(a, m0, panel, pf, pf_step); break;
-        case 2: panel_tile<TY, 2>(a, m0, panel, pf, pf_step); break;
-        default: panel_tile<TY, 1>(a, m0, panel, pf, pf_step); break;
+        case 6: return panel_tile<TY, 6, GATED>(a, m0, panel, pf, pf_step);
+        case 5: return panel_tile<TY, 5, GATED>(a, m0, panel, pf, pf_step);
+        case 4: return panel_tile<TY, 4, GATED>(a, m0, panel, pf, pf_step);
+        case 3: return panel_tile<TY, 3, GATED>(a, m0, panel, pf, pf_step);
+        case 2: return panel_tile<TY, 2, GATED>(a, m0, panel, pf, pf_step);
+        default: return panel_tile<TY, 1, GATED>(a, m0, panel, pf, pf_step);
     }
 }
 #else
-template <typename TY>
+template <typename TY, bool GATED>
 void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char*, int64_t) {
-    const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
-    alignas(64) float acc[kPanel];
+    alignas(64) float acc[2][kPanel];
     for (int64_t m = m0; m < m0 + rows; ++m) {
         const bf16_t* x = a.xb + m * a.ldx;
-        for (int64_t j = 0; j < kPanel; ++j) acc[j] = 0.0f;
-        for (int64_t k = 0; k < a.K; ++k) {
-            const float xk = bf2f(x[k]);
-            const bf16_t* wk = w + (k / 2) * 64 + (k & 1);
-            for (int64_t j = 0; j < kPanel; ++j) acc[j] += xk * bf2f(wk[2 * j]);
+        for (int h = 0; h < (GATED ? 2 : 1); ++h) {  // the panel, then (GATED) its up panel
+            const bf16_t* w = static_cast<const bf16_t*>(a.w) + (panel + h * a.up_offset) * a.ldw;
+            for (int64_t j = 0; j < kPanel; ++j) acc[h][j] = 0.0f;
+            for (int64_t k = 0; k < a.K; ++k) {
+                const float xk = bf2f(x[k]);
+                const bf16_t* wk = w + (k / 2) * 64 + (k & 1);
+                for (int64_t j = 0; j < kPanel; ++j) acc[h][j] += xk * bf2f(wk[2 * j]);
+            }
         }
-        for (int64_t j = 0; j < kPanel; j += VL) panel_store<TY>(a, m, panel * kPanel, j, vld<float>(acc + j));
+        for (int64_t j = 0; j < kPanel; j += VL) {
+            if constexpr (GATED) gated_store<TY>(a, m, panel, j, vld<float>(acc[0] + j), vld<float>(acc[1] + j));
+            else panel_store<TY>(a, m, panel * kPanel, j, vld<float>(acc[0] + j));
+        }
     }
 }
 #endif
@@ -105,19 +157,20 @@ void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, co
 // (this thread's next one, or its first again for the next block of rows), each tile a 1/T share,
 // spread over its k pairs: with one tile the prefetch runs a whole panel ahead. The rows are dealt
 // to the tiles evenly, since a tile of few rows has too few accumulators to hide vdpbf16ps' latency.
-template <typename TY>
+template <typename TY, bool GATED>
 void linear_panels_t(const LinearArgs& a, int64_t p0, int64_t p1) {
+    constexpr int64_t tile_rows = GATED ? kGatedTileRows : kPanelTileRows;
     const char* w = static_cast<const char*>(a.w);
     const int64_t panel_bytes = a.ldw * static_cast<int64_t>(sizeof(bf16_t)), pairs = imax_(1, a.K / 2);
     for (int64_t mb = 0; mb < a.M; mb += kPanelRowBlock) {
         const int64_t me = imin_(a.M, mb + kPanelRowBlock);
-        const int64_t tiles = (me - mb + kPanelTileRows - 1) / kPanelTileRows;
+        const int64_t tiles = (me - mb + tile_rows - 1) / tile_rows;
         const int64_t share = (panel_bytes + tiles - 1) / tiles, step = (share + pairs - 1) / pairs;
         for (int64_t p = p0; p < p1; ++p) {
             const int64_t next = p + 1 < p1 ? p + 1 : (me < a.M ? p0 : -1);
             for (int64_t t = 0, m = mb; t < tiles; ++t) {  // rows dealt evenly: 16 = 8 + 8, not 12 + 4
                 const int64_t rows = (me - mb) / tiles + (t < (me - mb) % tiles);
-                panel_rows<TY>(a, m, rows, p, next < 0 ? nullptr : w + next * panel_bytes + t * share, step);
+                panel_rows<TY, GATED>(a, m, rows, p, next < 0 ? nullptr : w + next * panel_bytes + t * share, step);
                 m += rows;
             }
         }
@@ -127,6 +180,9 @@ void linear_panels_t(const LinearArgs& a, int64_t p0, int64_t p1) {
 }  // namespace
 
 void linear_panels(const LinearArgs& a, int64_t panel_begin, int64_t panel_end) {
-    if (a.ytype == DType::F32) linear_panels_t<float>(a, panel_begin, panel_end);
-    else linear_panels_t<bf16_t>(a, panel_begin, panel_end);
+    const bool gated = a.up_offset > 0;
+    if (a.ytype == DType::F32) gated ? linear_panels_t<float, true>(a, panel_begin, panel_end)
+                                     : linear_panels_t<float, false>(a, panel_begin, panel_end);
+    else gated ? linear_panels_t<bf16_t, true>(a, panel_begin, panel_end)
+               : linear_panels_t<bf16_t, false>(a, panel_begin, panel_end);
 }

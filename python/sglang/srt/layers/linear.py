@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers import cpu_ops
+from sglang.srt.layers.activation import SiluAndMul
 
 
 class ReplicatedLinear(nn.Module):
@@ -79,6 +80,14 @@ class MergedColumnParallelLinear(MergedLinear):
     def __init__(self, input_size: int, output_sizes: List[int], bias: bool = False):
         super().__init__(input_size, output_sizes, bias)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this projection of x (SiluAndMul of its output). Where `linear`
+        multiplies a weight in panels, one sgl-kernel pass that never stores the projection
+        (bit-identical to the two steps)."""
+        if _takes_panels(x, self.packed_weight, self.int8_weight):
+            return torch.ops.sgl_kernel.linear_silu_mul(x, self.packed_weight, None, self.bias)
+        return SiluAndMul()(self(x))
+
 
 class QKVParallelLinear(MergedLinear):
     """qkv_proj: shards "q", "k", "v"."""
@@ -97,15 +106,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """x @ weight.T + bias: sgl-kernel on a bf16 weight packed in panels (any rows), else its
     small-M kernel for few rows (it reads bf16 and int8 weights as they are), else the
     oneDNN-packed copy of the weight when there is one."""
+    if _takes_panels(x, packed_weight, int8_weight):
+        return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias)
     if cpu_ops.enabled(x) and x.numel():
         rows = x.numel() // x.shape[-1]
         if int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
             return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias)
-        if is_panel_weight(packed_weight) and x.dtype == torch.bfloat16:
-            return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias)
         if x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
             return torch.ops.sgl_kernel.linear(x, weight, None, bias)
     return _large_m_linear(x, weight, bias, packed_weight)
+
+
+def _takes_panels(x: torch.Tensor, packed_weight: Optional[torch.Tensor],
+                  int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether `linear` multiplies x by the weight's panels (int8 weights go first, for few rows)."""
+    if not (is_panel_weight(packed_weight) and x.dtype == torch.bfloat16 and cpu_ops.enabled(x) and x.numel()):
+        return False
+    return int8_weight is None or x.numel() // x.shape[-1] > cpu_ops.linear_max_rows(torch.int8)
 
 
 def _large_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

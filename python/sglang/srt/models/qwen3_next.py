@@ -27,7 +27,6 @@ from typing import Any, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.gdn.gated_delta_net import GatedDeltaNet
 from sglang.srt.layers.layernorm import ZeroCenteredRMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, default_weight_loader
@@ -53,10 +52,9 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = ReplicatedLinear(intermediate_size, hidden_size)
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_mul(x))
 
 
 class GatedAttention(nn.Module):
