@@ -252,36 +252,35 @@ void run_decode_attention(DecodeAttnArgs a, int64_t longest) {
     at::parallel_for(0, a.B * a.hq, 16, [&](int64_t r0, int64_t r1) { kt.decode_combine(a, r0, r1); });
 }
 
+namespace {
+// The linear ops' shared frame: x [..., K] as rows, w checked, y [..., N / (gated ? 2 : 1)].
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
+                     const c10::optional<at::Tensor>& bias, bool gated, const char* op) {
+    at::Tensor x2 = as_rows(x, "x");
+    const int64_t M = x2.size(0), K = x2.size(1);
+    const DType xt = dtype_of(x, "x");
+    const LinearWeights l = linear_weights(w, w_scale, bias, K, op);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = gated ? l.N / 2 : l.N;
+    at::Tensor y = at::empty(shape, x.options());
+    if (M == 0 || l.N == 0) return y;
+    if (gated) run_linear_silu_mul(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr());
+    else run_linear(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr(), xt);
+    return y;
+}
+}  // namespace
+
 // x @ w.T (* w_scale[:, None] for int8 w) + bias, in x's dtype, fp32 accumulation.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                   const c10::optional<at::Tensor>& bias) {
-    at::Tensor x2 = as_rows(x, "x");
-    const int64_t M = x2.size(0), K = x2.size(1);
-    const DType yt = dtype_of(x, "x");
-    const LinearWeights l = linear_weights(w, w_scale, bias, K, "sgl_kernel.linear");
-    const int64_t N = l.N;
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = N;
-    at::Tensor y = at::empty(shape, x.options());
-    if (M == 0 || N == 0) return y;
-    run_linear(l, x2.data_ptr(), yt, M, x2.stride(0), y.data_ptr(), yt);
-    return y;
+    return linear_op(x, w, w_scale, bias, false, "sgl_kernel.linear");
 }
 
 // silu(gate) * up of x @ w.T for a gate_up weight [2I, K] (gate rows first; any form linear
 // takes): silu_and_mul(linear(x, w, w_scale, bias)), bit-identical, in one pass over panel weights.
 at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                            const c10::optional<at::Tensor>& bias) {
-    at::Tensor x2 = as_rows(x, "x");
-    const int64_t M = x2.size(0), K = x2.size(1);
-    const DType xt = dtype_of(x, "x");
-    const LinearWeights l = linear_weights(w, w_scale, bias, K, "sgl_kernel.linear_silu_mul");
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = l.N / 2;
-    at::Tensor y = at::empty(shape, x.options());
-    if (M == 0 || l.N == 0) return y;
-    run_linear_silu_mul(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr());
-    return y;
+    return linear_op(x, w, w_scale, bias, true, "sgl_kernel.linear_silu_mul");
 }
 
 namespace {

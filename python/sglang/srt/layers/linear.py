@@ -28,6 +28,8 @@ from torch import nn
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.activation import SiluAndMul
 
+_SILU_AND_MUL = SiluAndMul()  # stateless
+
 
 class ReplicatedLinear(nn.Module):
     packed_weight: Optional[torch.Tensor] = None  # set by pack_linear_weights (CPU)
@@ -86,7 +88,7 @@ class MergedColumnParallelLinear(MergedLinear):
         (bit-identical to the two steps)."""
         if _takes_panels(x, self.packed_weight, self.int8_weight):
             return torch.ops.sgl_kernel.linear_silu_mul(x, self.packed_weight, None, self.bias)
-        return SiluAndMul()(self(x))
+        return _SILU_AND_MUL(self(x))
 
 
 class QKVParallelLinear(MergedLinear):
