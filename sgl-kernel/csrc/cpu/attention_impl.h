@@ -31,9 +31,9 @@ inline void axpy(float* acc, float p, const T* v, int64_t n) {  // acc += p * v
 
 // Slots of the context's keys [j0, j0 + nb) of request row `row` (through the SWA slot map when
 // given), and the cache lines of their K/V rows for kv heads [kh0, kh0 + nh) requested into L2.
-// Called for the next block: slots are scattered over the pool, so the misses overlap with the
-// current block's arithmetic instead of stalling one after another. `Args`: DecodeAttnArgs or
-// ExtendAttnArgs (the same pool fields).
+// The extend kernel calls it for its next block: slots are scattered over the pool, so the misses
+// overlap with the current block's arithmetic instead of stalling one after another. `Args`:
+// DecodeAttnArgs or ExtendAttnArgs (the same pool fields).
 template <typename T, typename Args>
 inline void block_slots(const Args& a, int64_t row, int64_t j0, int64_t nb, int64_t kh0, int64_t nh,
                         int64_t* slots) {
@@ -48,13 +48,77 @@ inline void block_slots(const Args& a, int64_t row, int64_t j0, int64_t nb, int6
     }
 }
 
+template <typename Args>
+inline int64_t slot_of(const Args& a, int64_t row, int64_t j) {
+    const int64_t slot = a.req_to_token ? a.req_to_token[row * a.ld_r2t + j] : a.req_to_token32[row * a.ld_r2t + j];
+    return a.slot_map ? a.slot_map[slot] : slot;
+}
+
+// A decode work item's request, kv heads [kh0, kh0 + nh) and keys [lo, hi).
+struct DecodeItem {
+    int64_t b, kh0, nh, lo, hi, sp;
+};
+inline DecodeItem decode_item(const DecodeAttnArgs& a, int64_t task) {
+    const int64_t H = a.kv_per_task, runs = (a.hk + H - 1) / H;
+    DecodeItem it;
+    it.sp = task % a.n_split;
+    it.kh0 = (task / a.n_split) % runs * H;
+    it.nh = imin_(H, a.hk - it.kh0);
+    it.b = task / (a.n_split * runs);
+    const int64_t seq = a.seq_lens[it.b];
+    const int64_t start = a.window > 0 ? imax_(0, seq - a.window) : 0;
+    it.lo = start + it.sp * a.split_len;
+    it.hi = imin_(seq, it.lo + a.split_len);
+    return it;
+}
+
+// Requests the K/V rows of the keys a thread will read next into L2, kPrefetchLead keys ahead of
+// the arithmetic and across its work items (an item of a few dozen keys would otherwise start
+// with a stall), a few keys at a time: requested a whole block at once, the misses queue behind
+// each other and the kernel read the pool at ~15 GB/s; spread over the block's heads, at 30-35
+// (this machine streams ~38 GB/s).
+template <typename T>
+struct DecodePrefetcher {
+    const DecodeAttnArgs& a;
+    int64_t task, task_end, j;
+    DecodeItem it;
+    int64_t row;
+    DecodePrefetcher(const DecodeAttnArgs& args, int64_t t0, int64_t t1) : a(args), task(t0), task_end(t1), j(0) {
+        if (task < task_end) start();
+    }
+    void start() {
+        it = decode_item(a, task);
+        row = a.req_pool_indices[it.b];
+        j = it.lo;
+    }
+    void advance(int64_t n) {
+        while (n > 0 && task < task_end) {
+            if (j >= it.hi) {
+                if (++task >= task_end) return;
+                start();
+                continue;
+            }
+            const int64_t slot = slot_of(a, row, j);
+            const char* k = reinterpret_cast<const char*>(static_cast<const T*>(a.k_cache) + (slot * a.hk + it.kh0) * a.d);
+            const char* v = reinterpret_cast<const char*>(static_cast<const T*>(a.v_cache) + (slot * a.hk + it.kh0) * a.dv);
+            for (int64_t off = 0; off < it.nh * a.d * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(k + off, 0, 2);
+            for (int64_t off = 0; off < it.nh * a.dv * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(v + off, 0, 2);
+            ++j;
+            --n;
+        }
+    }
+};
+constexpr int64_t kPrefetchLead = 16;  // keys (more is slower: the requests queue behind each other)
+
 // One block of keys for the G query heads of a kv head: scores, online-softmax update, acc += p V.
 // Each K and V vector is loaded (and converted) once for all G heads: with the group size known at
 // compile time (GC > 0; dispatched for 1-8) the G partial dot products and the G accumulators of
 // one vector of dv stay in registers over the block. Scores are exponentiated a vector at a time
-// (a block is a whole number of vectors; lanes past `nb` are masked to 0).
+// (a block is a whole number of vectors; lanes past `nb` are masked to 0). With AVX512-BF16, bf16
+// scores are vdpbf16ps dot products of the stored q and K pairs (exact products, fp32 sums, the
+// scale applied to the sum): half the instructions of converting both to fp32 first.
 template <typename T, int GC>
-inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* const* kp, const T* const* vp,
+inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* qraw, const T* const* kp, const T* const* vp,
                          int64_t nb, int64_t G_rt, float* acc, float* mx, float* sum) {
     const int64_t G = GC > 0 ? GC : G_rt, d = a.d, dv = a.dv;
     alignas(64) float sc[64][kBlock];  // G <= 64 (ops.cpp checks)
@@ -65,7 +129,26 @@ inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* cons
         // 8 keys at a time per query head: 8 partial vectors, then one transposing reduction
         // (sum8) gives the 8 scores as a vector, instead of a horizontal sum per key and head.
         // K rows are re-read per head from L1. Past nb, key 0 stands in (its scores are masked).
-        if (d % VL == 0) {
+#if SGLK_BF16_DOT
+        if constexpr (!kIsF32<T>) {
+            if (d % (2 * VL) == 0) {  // bf16 pairs multiplied as stored (vdpbf16ps), the scale after the sum
+                for (; j < nb; j += 8) {
+                    const T* kr[8];
+                    for (int t = 0; t < 8; ++t) kr[t] = kp[j + t < nb ? j + t : 0];
+                    for (int g = 0; g < GC; ++g) {
+                        vf part[8];
+                        for (int t = 0; t < 8; ++t) part[t] = vf{};
+                        for (int64_t c = 0; c < d; c += 2 * VL) {
+                            const vh2 qv = *reinterpret_cast<const vh2*>(qraw + g * d + c);
+                            for (int t = 0; t < 8; ++t) part[t] = dpbf16(part[t], qv, *reinterpret_cast<const vh2*>(kr[t] + c));
+                        }
+                        *reinterpret_cast<v8f*>(sc[g] + j) = sum8(part) * a.scale;
+                    }
+                }
+            }
+        }
+#endif
+        if (j == 0 && d % VL == 0) {
             for (; j < nb; j += 8) {
                 const T* kr[8];
                 for (int t = 0; t < 8; ++t) kr[t] = kp[j + t < nb ? j + t : 0];
@@ -79,10 +162,10 @@ inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* cons
                     *reinterpret_cast<v8f*>(sc[g] + j) = sum8(part);
                 }
             }
-            if (a.logit_cap > 0)
-                for (int64_t g = 0; g < G; ++g)
-                    for (int64_t t = 0; t < nb; ++t) sc[g][t] = a.logit_cap * __builtin_tanhf(sc[g][t] / a.logit_cap);
         }
+        if (j > 0 && a.logit_cap > 0)
+            for (int64_t g = 0; g < G; ++g)
+                for (int64_t t = 0; t < nb; ++t) sc[g][t] = a.logit_cap * __builtin_tanhf(sc[g][t] / a.logit_cap);
     }
 #endif
     for (; j < nb; ++j) {
@@ -105,6 +188,42 @@ inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* cons
         if (a.logit_cap > 0)
             for (int64_t g = 0; g < G; ++g) sc[g][j] = a.logit_cap * __builtin_tanhf(sc[g][j] / a.logit_cap);
     }
+    if constexpr (GC > 0 && GC <= VL && kBlock % VL == 0) {
+        // The G heads' softmax updates side by side (independent chains the compiler interleaves),
+        // their rescale factors from one vexp; lanes past nb masked instead of patched.
+        constexpr int NV = kBlock / VL;
+        vi iota;
+        for (int l = 0; l < VL; ++l) iota[l] = l;
+        vi valid[NV];
+        for (int v = 0; v < NV; ++v) valid[v] = iota + v * VL < static_cast<int32_t>(nb);
+        float bm[GC];
+        for (int g = 0; g < GC; ++g) {
+            vf bmv = splat(mx[g]);
+            for (int v = 0; v < NV; ++v) {
+                const vf x = valid[v] ? vld<float>(sc[g] + v * VL) : splat(-__builtin_inff());
+                bmv = x > bmv ? x : bmv;
+            }
+            bm[g] = hmax(bmv);
+        }
+        vf mo{}, mn{};
+        for (int g = 0; g < GC; ++g) {
+            mo[g] = mx[g];
+            mn[g] = bm[g];
+        }
+        const vf al = mo == -__builtin_inff() ? vf{} : vexp(mo - mn);
+        for (int g = 0; g < GC; ++g) {
+            vf ps{};
+            for (int v = 0; v < NV; ++v) {
+                vf p = vexp(vld<float>(sc[g] + v * VL) - bm[g]);
+                p = valid[v] ? p : vf{};
+                vst<float>(sc[g] + v * VL, p);
+                ps += p;
+            }
+            alpha[g] = al[g];
+            sum[g] = sum[g] * al[g] + hsum(ps);
+            mx[g] = bm[g];
+        }
+    } else
     for (int64_t g = 0; g < G; ++g) {
         float* sg = sc[g];
         for (int64_t j = nb; j < kBlock; ++j) sg[j] = -__builtin_inff();
@@ -161,23 +280,18 @@ inline void attend_block(const DecodeAttnArgs& a, const float* qf, const T* cons
 // straight to `out`; otherwise (max, sum, acc) go to `partial` for `combine`.
 template <typename T, int GC>
 void decode_split_t(const DecodeAttnArgs& a, int64_t task0, int64_t task1) {
-    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv, H = a.kv_per_task;
-    const int64_t runs = (a.hk + H - 1) / H;
-    alignas(64) float qf[kMaxGroupDim];   // H * G * d <= kMaxGroupDim (ops.cpp picks H)
-    alignas(64) float acc[kMaxGroupDim];  // H * G * dv <= kMaxGroupDim
+    const int64_t G = a.hq / a.hk, d = a.d, dv = a.dv;
+    alignas(64) float qf[kMaxGroupDim];   // kv_per_task * G * d <= kMaxGroupDim (ops.cpp picks it)
+    alignas(64) float acc[kMaxGroupDim];  // kv_per_task * G * dv <= kMaxGroupDim
     float mx[kMaxTaskHeads], sum[kMaxTaskHeads];
-    int64_t slots[2][kBlock];
+    int64_t slots[kBlock];
     const T* kp[kBlock];
     const T* vp[kBlock];
+    DecodePrefetcher<T> pf(a, task0, task1);
+    pf.advance(kPrefetchLead);
     for (int64_t task = task0; task < task1; ++task) {
-        const int64_t sp = task % a.n_split;
-        const int64_t kh0 = (task / a.n_split) % runs * H;
-        const int64_t nh = imin_(H, a.hk - kh0), nq = nh * G;
-        const int64_t b = task / (a.n_split * runs);
-        const int64_t seq = a.seq_lens[b];
-        const int64_t start = a.window > 0 ? imax_(0, seq - a.window) : 0;
-        const int64_t lo = start + sp * a.split_len;
-        const int64_t hi = imin_(seq, lo + a.split_len);
+        const DecodeItem it = decode_item(a, task);
+        const int64_t b = it.b, kh0 = it.kh0, nh = it.nh, nq = nh * G, lo = it.lo, hi = it.hi, sp = it.sp;
         const T* q = static_cast<const T*>(a.q) + b * a.ldq + kh0 * G * d;
         int64_t i = 0;
         for (; i + VL <= nq * d; i += VL) vst<float>(qf + i, vld<T>(q + i) * a.scale);
@@ -185,23 +299,25 @@ void decode_split_t(const DecodeAttnArgs& a, int64_t task0, int64_t task1) {
         for (i = 0; i < nq * dv; ++i) acc[i] = 0.0f;
         for (int64_t h = 0; h < nq; ++h) { mx[h] = -__builtin_inff(); sum[h] = 0.0f; }
         const int64_t row = a.req_pool_indices[b];
-        if (lo < hi) block_slots<T>(a, row, lo, imin_(kBlock, hi - lo), kh0, nh, slots[0]);
-        for (int64_t j0 = lo, cur = 0; j0 < hi; j0 += kBlock, cur ^= 1) {
+        for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
             const int64_t nb = imin_(kBlock, hi - j0);
-            if (j0 + kBlock < hi) block_slots<T>(a, row, j0 + kBlock, imin_(kBlock, hi - j0 - kBlock), kh0, nh, slots[cur ^ 1]);
+            for (int64_t j = 0; j < nb; ++j) slots[j] = slot_of(a, row, j0 + j);
             for (int64_t h = 0; h < nh; ++h) {
+                pf.advance(h + 1 < nh ? nb / nh : nb - (nh - 1) * (nb / nh));  // spread over the heads
                 for (int64_t j = 0; j < nb; ++j) {
-                    kp[j] = static_cast<const T*>(a.k_cache) + (slots[cur][j] * a.hk + kh0 + h) * d;
-                    vp[j] = static_cast<const T*>(a.v_cache) + (slots[cur][j] * a.hk + kh0 + h) * dv;
+                    kp[j] = static_cast<const T*>(a.k_cache) + (slots[j] * a.hk + kh0 + h) * d;
+                    vp[j] = static_cast<const T*>(a.v_cache) + (slots[j] * a.hk + kh0 + h) * dv;
                 }
-                attend_block<T, GC>(a, qf + h * G * d, kp, vp, nb, G, acc + h * G * dv, mx + h * G, sum + h * G);
+                attend_block<T, GC>(a, qf + h * G * d, q + h * G * d, kp, vp, nb, G, acc + h * G * dv, mx + h * G, sum + h * G);
             }
         }
         if (a.partial == nullptr) {  // one split: normalise into out
             T* out = static_cast<T*>(a.out) + (b * a.hq + kh0 * G) * dv;
             for (int64_t h = 0; h < nq; ++h) {
                 const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
-                for (int64_t c = 0; c < dv; ++c) st<T>(out + h * dv, c, acc[h * dv + c] * inv);
+                int64_t c = 0;
+                for (; c + VL <= dv; c += VL) vst<T>(out + h * dv + c, vld<float>(acc + h * dv + c) * inv);
+                for (; c < dv; ++c) st<T>(out + h * dv, c, acc[h * dv + c] * inv);
             }
             continue;
         }

@@ -111,10 +111,23 @@ inline float hsum(vf v) {
     return b[0] + b[1];
 }
 
-inline float hmax(vf v) {
-    float s = v[0];
-    for (int i = 1; i < VL; ++i) s = v[i] > s ? v[i] : s;
-    return s;
+inline float hmax(vf v) {  // a tree of halvings, as hsum
+    typedef float v4 __attribute__((vector_size(16)));
+#if SGLK_VEC_BYTES == 64
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 lo8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), hi8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 a = hi8 > lo8 ? hi8 : lo8;
+    v4 lo = __builtin_shufflevector(a, a, 0, 1, 2, 3), hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    v4 b = hi > lo ? hi : lo;
+#elif SGLK_VEC_BYTES == 32
+    v4 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3), hi = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    v4 b = hi > lo ? hi : lo;
+#else
+    v4 b = v;
+#endif
+    v4 c = __builtin_shufflevector(b, b, 2, 3, 0, 1);
+    b = c > b ? c : b;
+    return b[1] > b[0] ? b[1] : b[0];
 }
 
 // exp(x) for the softmax and silu: Cephes' expf polynomial (rel. error < 2e-7), branch-free.
