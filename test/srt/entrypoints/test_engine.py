@@ -94,3 +94,22 @@ def test_shutdown_leaves_no_children(model_dir):
     eng.shutdown()
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def test_a_script_exits_cleanly_without_a_traceback(model_dir, tmp_path):
+    """A user's script: generate, then let the interpreter exit (the atexit hook shuts the Engine
+    down). zmq.asyncio sockets left to interpreter teardown printed `TypeError: 'NoneType' object
+    is not callable` tracebacks from their finalizers."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "gen.py"
+    script.write_text(
+        "import sglang\n"
+        "if __name__ == '__main__':\n"
+        f"    eng = sglang.Engine(model_path={model_dir!r}, max_total_tokens=1024)\n"
+        "    print(len(eng.generate('hi', {'max_new_tokens': 2})['output_ids']))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("2")
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr

@@ -125,6 +125,7 @@ class Engine:
         if procs is not None:
             procs.shutdown()
             self._procs = None
+            self.tokenizer_manager.close()
 
     def __enter__(self):
         return self

@@ -94,6 +94,14 @@ class TokenizerManager:
         self.totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
         self.request_logger = RequestLogger.from_server_args(server_args)  # --log-requests
 
+    def close(self) -> None:
+        """Closes the sockets and their context now (the owner calls it at shutdown): left to the
+        garbage collector at interpreter exit, zmq.asyncio's socket finalizer runs after asyncio is
+        torn down and prints a TypeError traceback."""
+        for sock in (self.recv_from_detokenizer, self.send_to_scheduler):
+            sock.close(linger=0)
+        self.ctx.term()
+
     # --- request in ------------------------------------------------------------------------------
     async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator:
         """Yields one response dict (a list of them for a batch or n > 1); with `stream`, many chunks
