@@ -61,3 +61,55 @@ def assert_no_leak(sched: Scheduler) -> None:
             assert store.host_pool.available_size() == store.host_pool.size
         if store.host_mamba_pool is not None:
             assert store.host_mamba_pool.available_size() == store.host_mamba_pool.size
+
+
+class InProcessPD:
+    """A prefill and a decode `Scheduler` in this process with their own bootstrap server,
+    exchanging KV (and Mamba state) over the real Mooncake engine (TCP on loopback)."""
+
+    def __init__(self, model_dir: str, decode_kw=None, **common_kw):
+        from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
+        from sglang.srt.utils import get_free_port
+
+        self.port = get_free_port()
+        self.server = KVBootstrapServer("127.0.0.1", self.port)
+        common = dict(model_path=model_dir, dtype="float32", max_total_tokens=1024, page_size=1,
+                      chunked_prefill_size=16, host="127.0.0.1", disaggregation_transfer_backend="mooncake_tcp",
+                      disaggregation_bootstrap_port=self.port, max_running_requests=8)
+        common.update(common_kw)
+        self.prefill = Scheduler(ServerArgs(disaggregation_mode="prefill", **common))
+        self.decode = Scheduler(ServerArgs(disaggregation_mode="decode", **{**common, **(decode_kw or {})}))
+
+    def request(self, rid: str, ids: List[int], max_new_tokens: int, room: int, stream: bool = False):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=params,
+                                         bootstrap_host="127.0.0.1", bootstrap_port=self.port,
+                                         bootstrap_room=room, stream=stream)
+
+    def run(self, prompts: Sequence[List[int]], max_new_tokens: int, room0: int = 7000, on_step=None,
+            stream: bool = False, timeout: float = 60.0):
+        """Sends each prompt to both sides (as the router does) and steps both until the decode side
+        is done; returns the decode side's requests."""
+        import time
+
+        dreqs = []
+        for i, ids in enumerate(prompts):
+            self.prefill.add_request(self.request(f"p{room0 + i}", ids, max_new_tokens, room0 + i, stream))
+            dreqs.append(self.decode.add_request(self.request(f"d{room0 + i}", ids, max_new_tokens, room0 + i, stream)))
+        deadline = time.monotonic() + timeout
+        while (self.prefill.has_work() or self.decode.has_work()) and time.monotonic() < deadline:
+            self.prefill.step()
+            outs = self.decode.step()
+            if self.decode.send_outputs is not None:
+                self.decode.send_outputs(outs)
+            if on_step is not None:
+                on_step()
+            time.sleep(0.001)
+        assert not self.decode.has_work(), "PD pair did not finish"
+        return dreqs
+
+    def close(self) -> None:
+        self.prefill.close()
+        self.decode.close()
+        self.server.close()

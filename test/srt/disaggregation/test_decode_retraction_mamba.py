@@ -15,7 +15,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
-from sglang.test.scheduler_utils import make_scheduler, random_prompts, run_to_completion, submit
+from sglang.test.scheduler_utils import InProcessPD, make_scheduler, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model
 
 SEED_MESSAGE = "Host-pool retraction does not support Mamba models."
@@ -155,63 +155,20 @@ def test_hundred_backup_cycles_leak_nothing(arch_models):
 
 
 # ---- 1P1D over the real Mooncake engine (TCP on loopback), both schedulers in this process -------
-def _pd_pair(model_dir, decode_kw=None):
-    from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
-    from sglang.srt.utils import get_free_port
-
-    port = get_free_port()
-    server = KVBootstrapServer("127.0.0.1", port)
-    common = dict(model_path=model_dir, dtype="float32", max_total_tokens=1024, page_size=1, chunked_prefill_size=16,
-                  host="127.0.0.1", disaggregation_transfer_backend="mooncake_tcp",
-                  disaggregation_bootstrap_port=port, max_running_requests=8)
-    prefill = Scheduler(ServerArgs(disaggregation_mode="prefill", **common))
-    decode = Scheduler(ServerArgs(disaggregation_mode="decode", **{**common, **(decode_kw or {})}))
-    return server, port, prefill, decode
-
-
-def _pd_run(prefill, decode, port, ps, n, room0=7000, on_step=None):
-    import time
-
-    def recv(rid, ids, room):
-        sp = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-        sp.normalize(None)
-        return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp,
-                                         bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
-
-    dreqs = []
-    for i, p in enumerate(ps):
-        prefill.add_request(recv(f"p{room0 + i}", p, room0 + i))
-        dreqs.append(decode.add_request(recv(f"d{room0 + i}", p, room0 + i)))
-    deadline = time.monotonic() + 60
-    while (prefill.has_work() or decode.has_work()) and time.monotonic() < deadline:
-        prefill.step()
-        decode.step()
-        if on_step is not None:
-            on_step()
-        time.sleep(0.001)
-    assert not decode.has_work(), "PD pair did not finish"
-    return dreqs
-
-
-def _close(server, prefill, decode):
-    prefill.close()
-    decode.close()
-    server.close()
-
-
 def test_1p1d_mooncake_transfers_the_mamba_state(arch_models):
     pytest.importorskip("mooncake.engine")
     arch, d, hf = arch_models
-    server, port, prefill, decode = _pd_pair(d)
+    pd = InProcessPD(d)
+    prefill, decode = pd.prefill, pd.decode
     try:
         ps = prompts(3, 37, seed=31)  # 3 prefill chunks each: the state crosses chunks, then the wire
-        dreqs = _pd_run(prefill, decode, port, ps, 8)
+        dreqs = pd.run(ps, 8)
         for r, p in zip(dreqs, ps):
             assert r.finished_reason.to_json() == {"type": "length", "length": 8}, r.finished_reason.to_json()
             assert r.output_ids == hf_greedy(hf, p, 8), r.rid
         # The same prompt again: the prefill server starts from its cached state after 32 tokens
         # (copy-on-write into the request's slot) and sends that request's state.
-        again = _pd_run(prefill, decode, port, ps[:1], 8, room0=8000)[0]
+        again = pd.run(ps[:1], 8, room0=8000)[0]
         assert again.output_ids == dreqs[0].output_ids and again.cached_tokens == 32
         assert decode.memory.mamba_pool.available_size() == decode.memory.mamba_pool.size
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
@@ -219,7 +176,7 @@ def test_1p1d_mooncake_transfers_the_mamba_state(arch_models):
         prefill.memory.tree_cache.evict(EvictParams(num_tokens=prefill.memory.init_free_kv))
         assert prefill.memory.mamba_pool.available_size() == prefill.memory.mamba_pool.size
     finally:
-        _close(server, prefill, decode)
+        pd.close()
 
 
 def test_1p1d_mamba_slot_size_mismatch_is_refused_at_registration(arch_models):
@@ -227,16 +184,17 @@ def test_1p1d_mamba_slot_size_mismatch_is_refused_at_registration(arch_models):
     arch, d, hf = arch_models
     if arch != "nemotron_h":
         pytest.skip("one model is enough")
-    server, port, prefill, decode = _pd_pair(d, decode_kw={"mamba_ssm_dtype": "bfloat16"})  # half-size SSM slots
+    pd = InProcessPD(d, decode_kw={"mamba_ssm_dtype": "bfloat16"})  # half-size SSM slots
+    prefill, decode = pd.prefill, pd.decode
     try:
-        dreqs = _pd_run(prefill, decode, port, prompts(2, 20, seed=32), 4)
+        dreqs = pd.run(prompts(2, 20, seed=32), 4)
         for r in dreqs:
             msg = r.finished_reason.to_json()
             assert msg["type"] == "abort" and "Prefill/Decode Mamba slot size mismatch" in msg["message"], msg
         assert prefill.forward_ct == 0  # refused before any prefill ran
         assert decode.memory.mamba_pool.available_size() == decode.memory.mamba_pool.size
     finally:
-        _close(server, prefill, decode)
+        pd.close()
 
 
 def _tree_states(sched):
@@ -265,13 +223,14 @@ def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
     from sglang.test.scheduler_utils import assert_no_leak
 
     arch, d, hf = arch_models
-    server, port, prefill, decode = _pd_pair(d, decode_kw=dict(
+    pd = InProcessPD(d, decode_kw=dict(
         max_total_tokens=340, num_reserved_decode_tokens=8, disaggregation_decode_enable_radix_cache=True,
         disaggregation_decode_retraction_backup="host_pool", enable_mamba_host_pool_backup=True))
+    decode = pd.decode
     try:
         assert not decode.memory.tree_cache.disable
         first = prompts(5, 30, seed=41)
-        turn1 = _pd_run(prefill, decode, port, first, 20)
+        turn1 = pd.run(first, 20)
         assert decode.role.stats()["decode_radix_hit_tokens"] == 0
         before = _tree_states(decode)
         assert len(before) == 5  # finished requests left their KV and final state in the tree 
@@ -283,7 +242,7 @@ def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
             tree_slots = {slot for _, slot, _, _ in _tree_states(decode).values()}
             tree_slots_ok.append(all(r.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
 
-        turn2 = _pd_run(prefill, decode, port, second, 40, room0=7100, on_step=check_slots)
+        turn2 = pd.run(second, 40, room0=7100, on_step=check_slots)
         hits = decode.role.stats()["decode_radix_hit_tokens"]
         assert hits >= 3 * 49, hits  # second-turn prompts reused 49 tokens (prompt + output - 1) where still cached
         assert sum(r.num_retractions for r in turn2) > 0 and decode.num_recomputed_tokens == 0
@@ -300,9 +259,9 @@ def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
         # finishing: its continuation hits there.
         k = max(i for i, r in enumerate(turn2) if r.num_retractions > 0)
         third = [second[k] + turn2[k].output_ids + [13, 14]]
-        turn3 = _pd_run(prefill, decode, port, third, 8, room0=7200)
+        turn3 = pd.run(third, 8, room0=7200)
         assert decode.role.stats()["decode_radix_hit_tokens"] - hits == len(second[k]) + 40 - 1
         assert turn3[0].output_ids == hf_greedy(hf, third[0], 8)
         assert_no_leak(decode)
     finally:
-        _close(server, prefill, decode)
+        pd.close()

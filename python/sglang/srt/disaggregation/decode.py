@@ -276,9 +276,9 @@ class DecodeRole(ServerRole):
         req.check_finished()
         if req.finished():
             self.s.memory.release(req)
-            self.s.emit([req])
         else:
             self.s.running_reqs.append(req)
+        self.s.emit([req])  # a stream's first token goes out now, before the next decode forward
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -93,6 +93,9 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.num_recomputed_tokens = 0  # prompt tokens prefilled again after a retraction
         self.stream_interval = sa.stream_interval
         self.pending_outputs: List[BatchTokenIDOutput] = []
+        # Set by the process loop: sends outputs queued before a step's forward (e.g. the first
+        # token of a PD request whose KV just arrived) without waiting for that forward.
+        self.send_outputs: Optional[Callable[[List[BatchTokenIDOutput]], None]] = None
         self.waiting_timeout_s = waiting_timeout_s()
         self.running_timeout_s = running_timeout_s()
         self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
@@ -128,6 +131,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self._drop_aborted_running()
         self.move_ready_grammar_requests()
         self.role.process()
+        if self.send_outputs is not None and self.pending_outputs:
+            self.send_outputs(self.take_outputs())
         try:
             batch = self.get_new_prefill_batch()
             if batch is not None:

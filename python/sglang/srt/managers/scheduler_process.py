@@ -52,6 +52,7 @@ class SchedulerLoop:
         self.poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         self.consecutive_errors = 0
         self.forward_ct_seen = -1  # the scheduler's forward count before the last step
+        scheduler.send_outputs = self.send_outputs
 
     def recv_requests(self, wait_ms: int = 0) -> list:
         """Messages from the tokenizer, waiting up to `wait_ms` for the first (0: none)."""
@@ -129,6 +130,9 @@ class SchedulerLoop:
                 raise
             s.recover_from_step_error(e)
             outs = s.take_outputs()
+        self.send_outputs(outs)
+
+    def send_outputs(self, outs) -> None:
         for out in outs:
             if out.rids:
                 self.send_to_detokenizer.send_pyobj(out)
