@@ -4,7 +4,7 @@
 cases must answer 200 with the route's shape: the right number of sequences in order, token
 counts within the budget (exactly the budget when EOS is ignored and the sequence ran to
 `length`), logprobs when asked and as many as tokens, usage that adds up, identical samples for
-a greedy or seeded request with n > 1, and streams that end with `data: [DONE]`. Invalid cases
+a greedy request with n > 1, and streams that end with `data: [DONE]`. Invalid cases
 must answer a 4xx with an error message.
 """
 
@@ -100,14 +100,14 @@ def _in_grammar(case: FuzzCase, text: Any, finish: Any, where: str) -> List[str]
 
 
 def _same_samples(case: FuzzCase, texts: List[Any]) -> List[str]:
-    """Greedy (or seeded) samples of one prompt are identical (checked when none was cut short)."""
-    if case.n <= 1 or not (case.greedy or case.seeded) or case.abort_after is not None:
+    """Greedy samples of one prompt are identical (checked when none was cut short)."""
+    if case.n <= 1 or not case.greedy or case.abort_after is not None:
         return []
     out = []
     for i in range(0, len(texts), case.n):
         group = texts[i : i + case.n]
         if any(t != group[0] for t in group):
-            out.append(f"n={case.n} {'greedy' if case.greedy else 'seeded'} samples of prompt {i // case.n} differ")
+            out.append(f"n={case.n} greedy samples of prompt {i // case.n} differ")
     return out
 
 
