@@ -46,10 +46,10 @@ class DecodeRole(ServerRole):
 
     def __init__(self, facade: SchedulerFacade):
         super().__init__(facade)
-        sa = facade.server_args
-        self.backend = sa.disaggregation_transfer_backend
-        self.bootstrap_port = sa.disaggregation_bootstrap_port
-        self.num_reserved_decode_tokens = sa.num_reserved_decode_tokens
+        config = facade.disagg
+        self.backend = config.disaggregation_transfer_backend
+        self.bootstrap_port = config.disaggregation_bootstrap_port
+        self.num_reserved_decode_tokens = config.num_reserved_decode_tokens
         self.prealloc_queue: List[Req] = []
         self.transfer_queue: List[Req] = []
         self.retracted_queue: List[Req] = []
@@ -66,13 +66,13 @@ class DecodeRole(ServerRole):
         from sglang.srt.disaggregation.transfer_backends import KVClassType, get_kv_class
         from sglang.srt.disaggregation.utils import DisaggregationMode, MetadataBuffers, ReqToMetadataIdxAllocator
 
-        memory, sa = self.s.memory, self.s.server_args
+        memory, config = self.s.memory, self.s.disagg
         size = self.s.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
         kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=sa.disaggregation_ib_device)
-        self.kv_manager = get_kv_class(self.backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.DECODE, sa)
+                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        self.kv_manager = get_kv_class(self.backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.DECODE, config)
         self.receiver_cls = get_kv_class(self.backend, KVClassType.RECEIVER)
 
     def close(self) -> None:

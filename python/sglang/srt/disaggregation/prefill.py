@@ -34,17 +34,17 @@ class PrefillRole(ServerRole):
         from sglang.srt.disaggregation.transfer_backends import KVClassType, get_kv_class
         from sglang.srt.disaggregation.utils import DisaggregationMode, MetadataBuffers, ReqToMetadataIdxAllocator
 
-        sa = facade.server_args
+        config = facade.disagg
         memory = facade.memory
         size = facade.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
         kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=sa.disaggregation_ib_device)
-        backend = sa.disaggregation_transfer_backend
-        self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, sa)
+                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        backend = config.disaggregation_transfer_backend
+        self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
-        self.fake_manager = get_kv_class("fake", KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, sa)
+        self.fake_manager = get_kv_class("fake", KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.fake_sender_cls = get_kv_class("fake", KVClassType.SENDER)
         self.bootstrap_queue: List[Req] = []
         self.inflight_queue: List[Req] = []
@@ -66,7 +66,6 @@ class PrefillRole(ServerRole):
 
     def add(self, req: Req, recv) -> None:
         req.sampling_params.max_new_tokens = 1
-        sa = self.s.server_args
         req.sent_kv_len = 0
         req.metadata_idx = None
         local = recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST)
@@ -79,7 +78,7 @@ class PrefillRole(ServerRole):
         if local:
             req.kv_sender = self.fake_sender_cls(self.fake_manager, f"{FAKE_BOOTSTRAP_HOST}:0", room)
         else:
-            port = recv.bootstrap_port or sa.disaggregation_bootstrap_port
+            port = recv.bootstrap_port or self.s.disagg.disaggregation_bootstrap_port
             req.kv_sender = self.sender_cls(self.kv_manager, f"{recv.bootstrap_host}:{port}", room)
         self.bootstrap_queue.append(req)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
+from sglang.srt.configs.runtime_config import DisaggConfig
 from sglang.srt.core.finish_reason import FINISH_ABORT
 from sglang.srt.core.req import Req
 
@@ -33,12 +34,13 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerFacade:
-    """The narrow view of the scheduler a role works with: memory, queues, outputs."""
+    """The narrow view of the scheduler a role works with: memory, queues, outputs, and the PD
+    settings (`disagg`, the `DisaggConfig` slice) rather than the whole `ServerArgs`, so a role's
+    inputs are the few fields it names and the transfer backends get the same slice."""
 
     def __init__(self, scheduler):
         self._s = scheduler
-        self.server_args = scheduler.server_args
-        self.model_config = scheduler.model_config
+        self.disagg = DisaggConfig.from_server_args(scheduler.server_args)
         self.memory = scheduler.memory
         self.page_size = scheduler.memory.page_size
 
