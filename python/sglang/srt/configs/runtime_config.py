@@ -10,6 +10,9 @@ which slice:
   MemoryConfig   -> mem_cache/memory_manager.py (pool sizes, hybrid pools, Mamba state pool)
   CacheConfig    -> mem_cache/registry.py (which prefix cache, and its checks)
   DisaggConfig   -> disaggregation/ (transfer backends, bootstrap, PD queues)
+  RetractionConfig -> mem_cache/retraction_backup.py (a PD decode server's backup store); not a
+                   plain slice: the scheduler resolves it once the pools exist
+                   (`server_args_resolution.resolve_decode_retraction`)
 
 The scheduler reads `ServerArgs` itself (it is the one component that sees every concern).
 Importing this is cheap (no torch).
@@ -72,6 +75,7 @@ class CacheConfig:
     enable_streaming_session: bool = False
     enable_lmcache: bool = False
     enable_unified_cache_external_linker: bool = False
+    enable_mamba_host_pool_backup: bool = False  # host-pool retraction allowed for hybrid SSM models
     # Upstream-only switches that select a cache this build does not have (see server_args_compat).
     enable_flexkv: bool = False
 
@@ -110,6 +114,20 @@ class DisaggConfig:
         if config_or_server_args is None:
             return cls()
         return cls.from_server_args(config_or_server_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetractionConfig:
+    """Where a PD decode server backs up retracted requests' KV, as resolved: the default backend
+    depends on the model and the host-pool ratio on the built pools' sizes, so the scheduler
+    builds this after the pools (and records the values in `ServerArgs` for /server_info); the
+    store's builder in `mem_cache/` then needs nothing else from the server's settings."""
+
+    backend: str = "none"  # cpu_tensor | host_pool | none
+    reason: str = ""  # why this backend (for the start-up log line)
+    hicache_ratio: Optional[float] = None  # host pool size / device pool size (host_pool)
+    hicache_size: int = 0  # GB; overrides hicache_ratio when > 0
+    mamba_host_pool_slots: Optional[int] = None  # host Mamba-state slots (None: derived)
 
 
 SLICES = (RunnerConfig, MemoryConfig, CacheConfig, DisaggConfig)

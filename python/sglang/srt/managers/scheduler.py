@@ -477,6 +477,7 @@ def _build_memory(server_args, model_runner):
     from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
     from sglang.srt.mem_cache.retraction_backup import build_retraction_store
+    from sglang.srt.server_args_resolution import resolve_decode_retraction
 
     sa, model_config = server_args, model_runner.model_config
     memory = model_runner.build_memory(MemoryConfig.from_server_args(sa))
@@ -496,10 +497,10 @@ def _build_memory(server_args, model_runner):
         model_config=model_config,
         mamba_pool=memory.mamba_pool,
     )))
-    memory.attach_retraction_store(build_retraction_store(
-        sa, model_config, memory.token_to_kv_pool, memory.allocator, memory.req_to_token_pool,
-        mamba_pool=memory.mamba_pool,
-    ))
+    retraction = resolve_decode_retraction(sa, model_config, memory.token_to_kv_pool,
+                                           memory.req_to_token_pool.max_context_len)
+    memory.attach_retraction_store(None if retraction is None else build_retraction_store(
+        retraction, memory.token_to_kv_pool, memory.allocator, mamba_pool=memory.mamba_pool))
     return memory
 
 

@@ -147,7 +147,7 @@ def _disabled_cache(ctx: TreeCacheBuildContext):
 
 
 def _allow_mamba(ctx) -> bool:
-    return ctx.server_args is not None and bool(ctx.server_args.enable_mamba_host_pool_backup)
+    return bool(ctx.cache_config.enable_mamba_host_pool_backup)
 
 
 def create_unified_radix_cache(ctx: TreeCacheBuildContext, *, cache_class=None):

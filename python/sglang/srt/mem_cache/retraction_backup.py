@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.configs.runtime_config import RetractionConfig
 from sglang.srt.core.finish_reason import FINISH_ABORT
 
 logger = logging.getLogger(__name__)
@@ -126,45 +127,26 @@ class RetractionBackupStore:
         return out
 
 
-def build_retraction_store(server_args, model_config, device_pool, allocator, req_to_token_pool, mamba_pool=None):
-    """Resolves --disaggregation-decode-retraction-backup for a decode server and builds its store.
+def build_retraction_store(config: RetractionConfig, device_pool, allocator, mamba_pool=None) -> RetractionBackupStore:
+    """A PD decode server's store for `config`, a backend already resolved and checked by the
+    scheduler (`server_args_resolution.resolve_decode_retraction`): with `host_pool`, the host KV
+    pool (and, for a hybrid SSM model, the host Mamba-state pool) sized from the device pools."""
+    from sglang.srt.mem_cache.host_pool import HostKVPool, host_pool_num_tokens
 
-    Returns None for non-decode servers (they recompute retracted requests)."""
-    from sglang.srt.mem_cache.host_pool import HostKVPool, decode_retraction_hicache_ratio, host_pool_num_tokens
-    from sglang.srt.mem_cache.registry import validate_host_pool_retraction
-    from sglang.srt.server_args_resolution import infer_decode_retraction_backup
-
-    if server_args.disaggregation_mode != "decode":
-        return None
-    backend, reason = infer_decode_retraction_backup(
-        server_args, is_hybrid_ssm=model_config.is_hybrid_ssm, is_pure_swa=model_config.is_pure_swa
-    )
-    if server_args.disaggregation_decode_retraction_backup is None:
-        server_args.override("kv_cache_builder.decode_retraction", disaggregation_decode_retraction_backup=backend)
-    validate_host_pool_retraction(backend, model_config.is_hybrid_ssm, model_config.is_pure_swa,
-                                  server_args.enable_mamba_host_pool_backup)
     host_pool = host_mamba_pool = None
-    if backend == "host_pool":
-        ratio = server_args.hicache_ratio
-        explicit = server_args.raw_input().get("hicache_ratio") is not None
-        if not explicit and not server_args.hicache_size:
-            ratio = decode_retraction_hicache_ratio(
-                req_to_token_pool.max_context_len, device_pool.size, device_pool.page_size,
-                server_args.disaggregation_decode_host_receive_threshold,
-            )
-            server_args.override("kv_cache_builder.decode_retraction", hicache_ratio=ratio)
+    if config.backend == "host_pool":
         tokens = host_pool_num_tokens(device_pool.size, device_pool.page_size, device_pool.bytes_per_token(),
-                                      ratio, server_args.hicache_size)
+                                      config.hicache_ratio, config.hicache_size)
         host_pool = HostKVPool(device_pool, tokens, device_pool.page_size)
         if mamba_pool is not None:
             from sglang.srt.mem_cache.host_mamba_pool import HostMambaPool, host_mamba_slots
 
-            slots = host_mamba_slots(server_args.mamba_host_pool_slots, mamba_pool.size, host_pool.size,
+            slots = host_mamba_slots(config.mamba_host_pool_slots, mamba_pool.size, host_pool.size,
                                      device_pool.page_size)
             host_mamba_pool = HostMambaPool(mamba_pool, slots)
-    logger.info("Decode retraction backup: %s (%s)%s%s", backend, reason,
+    logger.info("Decode retraction backup: %s (%s)%s%s", config.backend, config.reason,
                 f", host pool {host_pool.size} tokens" if host_pool else "",
                 f", host Mamba pool {host_mamba_pool.size} slots ({host_mamba_pool.nbytes() / 2**20:.1f} MiB)"
                 if host_mamba_pool else "")
-    return RetractionBackupStore(backend, device_pool, allocator, host_pool=host_pool, mamba_pool=mamba_pool,
+    return RetractionBackupStore(config.backend, device_pool, allocator, host_pool=host_pool, mamba_pool=mamba_pool,
                                  host_mamba_pool=host_mamba_pool)
