@@ -452,10 +452,9 @@ async def _server_info(state: ServerState) -> dict:
         logger.warning("Could not read the scheduler's internal state: %r", e)
         internal_states = []
     sources = {}
-    if hasattr(sa, "declarations"):
-        for source, decided in sa.declarations():
-            for name in decided:
-                sources[name] = source
+    for source, decided in sa.declarations():
+        for name in decided:
+            sources[name] = source
     from sglang import __version__
 
     args = sa.resolved_dict()  # secrets redacted
