@@ -165,7 +165,7 @@ def test_hicache_attach_hook(caplog):
     caplog.set_level(logging.INFO, logger="sglang.srt.mem_cache.registry")
     seen = []
     cache = create_tree_cache(_ctx(DENSE, enable_hierarchical_cache=True, attach_hicache=lambda c: seen.append(c) or "backend"))
-    assert seen == [cache] and cache.retraction_backend == "backend" and cache.hicache_attached
+    assert seen == [cache] and cache.host_stack == "backend" and cache.hicache_attached
     assert _init_line(caplog).endswith("hicache_attached=True")
     with pytest.raises(NotImplementedError):
         create_tree_cache(_ctx(DENSE, enable_hierarchical_cache=True))

@@ -168,22 +168,3 @@ def test_random_workload_with_swa_keeps_kv_correct_and_leaks_nothing(ps, seed):
         sim.check()
     assert hits > 3 and sim.evictions_under_pressure > 0, (hits, sim.evictions_under_pressure)
     sim.drain()
-
-
-@pytest.mark.parametrize("ps", [1, 16])
-def test_retraction_indices_include_the_swa_window(ps):
-    u = ps
-    window = 2 * u + (1 if ps == 1 else 0)
-    sim = build(ps, 64 * u, window=window, swa_ratio=1.0)
-    req = ReqLike(origin_input_ids=[1 + i % 3 for i in range(3 * u)])
-    sim.admit(req)
-    sim.prefill(req, chunk=1000, first_token=1)
-    for t in range(3 * u):
-        sim.decode(req, 2)
-    n = len(req.origin_input_ids) + len(req.output_ids) - 1
-    full, swa = sim.cache.retraction_device_indices(req)
-    start = max(0, (n - window) // ps * ps)
-    assert torch.equal(swa, sim.alloc.translate_loc_from_full_to_swa(sim.row(req)[start:n]))
-    assert bool((swa > 0).all())
-    sim.finish(req)
-    sim.drain()

@@ -73,7 +73,6 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from sglang.srt.mem_cache.radix_key import RadixKey
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.mem_cache.unified_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
@@ -128,9 +127,9 @@ class UnifiedRadixCache:
         self.mamba_pool = getattr(params, "mamba_pool", None)
         self.core = UnifiedTreeCore(_build_components(params), params.page_size, params.eviction_policy)
         self.has_mamba_component = MAMBA in self.core.components
-        # HiCache / retraction host stack, attached by `init_hicache` (see `registry.py`).
+        # HiCache host stack, attached by `init_hicache` (see `registry.py`).
         self.hicache_attached = False
-        self.retraction_backend: Any = None
+        self.host_stack: Any = None
 
     # ---- basic API --------------------------------------------------------------------------
     @property
@@ -341,51 +340,13 @@ class UnifiedRadixCache:
         req.prefix_indices = torch.cat([tree_indices, row[aligned:]])
         req.cache_protected_len = aligned
 
-    # ---- HiCache / decode retraction backup seam (reference 4.4) ---------------------------
+    # ---- HiCache seam ---------------------------------------------------------------------
     def init_hicache(self, attach: Callable[["UnifiedRadixCache"], Any]) -> None:
-        """Attach a host stack. `attach(cache)` returns the retraction backend object, which
-        implements `backup(cache, req, device_indices, swa_indices) -> backup | None`,
-        `restore(cache, req, backup, device_indices, swa_indices)`, `discard(cache, backup)`."""
-        self.retraction_backend = attach(self)
+        """Attach a host stack: `attach(cache)` builds it (the registry's `attach_hicache` hook,
+        for upstream-style HiCache backends). Retraction backups do not go through the tree: the
+        `MemoryManager`'s `RetractionBackupStore` copies a retracted request's KV itself."""
+        self.host_stack = attach(self)
         self.hicache_attached = True
-
-    def supports_retraction_backup(self) -> bool:
-        if self.retraction_backend is None or MAMBA in self.tree_components:
-            return False
-        is_swa_pool = isinstance(getattr(self.token_to_kv_pool_allocator, "kvcache", None), SWAKVPool)
-        return (SWA in self.tree_components) == is_swa_pool
-
-    def validate_retraction_host_capacity(self) -> None:
-        if not self.supports_retraction_backup():
-            raise ValueError("--disaggregation-decode-retraction-backup=host_pool requires an MHA or hybrid-SWA HiCache host stack.")
-        check = getattr(self.retraction_backend, "validate_capacity", None)
-        if check is not None:
-            check(self)
-
-    def retraction_device_indices(self, req) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """FULL slots of the request's committed KV padded to whole pages, and for SWA pools
-        the SWA slots of the window `[floor((n - window) / page) * page, n)`."""
-        n = len(req.origin_input_ids) + len(req.output_ids) - 1
-        full = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
-        full = _pad_retraction_indices(full, self.page_size)
-        swa = None
-        if SWA in self.tree_components:
-            start = max(0, (n - self.sliding_window_size) // self.page_size * self.page_size)
-            swa = self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(full[start:n])
-            assert bool((swa > 0).all()), "SWA window of a retracted request has no SWA slots"
-        return full, swa
-
-    def backup_kv_cache(self, req):
-        """Copy a retracted request's KV to the host; None when the host pool has no room."""
-        full, swa = self.retraction_device_indices(req)
-        return self.retraction_backend.backup(self, req, full, swa)
-
-    def restore_kv_cache(self, req, backup) -> None:
-        full, swa = self.retraction_device_indices(req)
-        self.retraction_backend.restore(self, req, backup, full, swa)
-
-    def discard_kv_cache_backup(self, backup) -> None:
-        self.retraction_backend.discard(self, backup)
 
     # ---- debugging --------------------------------------------------------------------------
     def pretty_print(self) -> str:
@@ -408,12 +369,3 @@ class UnifiedRadixCache:
         print(text)
         return text
 
-
-def _pad_retraction_indices(indices: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Round a request's KV slots up to whole pages by appending the slots that follow the last
-    one (the rest of its own last page)."""
-    rem = len(indices) % page_size
-    if page_size == 1 or rem == 0 or len(indices) == 0:
-        return indices
-    extra = indices[-1] + torch.arange(1, page_size - rem + 1, dtype=indices.dtype, device=indices.device)
-    return torch.cat([indices, extra])
