@@ -1,5 +1,5 @@
 """`python -m sglang.check_layering`: the package's layering holds, and the checker does catch a cycle
-and an upward arrow (on a throw-away package tree). Plus the two source rules of issue 14: no
+and an upward arrow of every rule (on a throw-away package tree). Plus the two source rules of issue 14: no
 `getattr(req, ...)` and no `getattr(server_args, name, default)` outside ServerArgs itself."""
 
 import ast
@@ -35,13 +35,25 @@ def test_checker_finds_cycles_and_upward_imports(tmp_path):
     _write(root, "srt/mem_cache/pool.py", "import sglang.srt.entrypoints.http\n")
     _write(root, "srt/entrypoints/http.py", "")
     _write(root, "srt/models/m.py", "from ..managers.scheduler import X\n")
+    _write(root, "srt/layers/linear.py", "import sglang.srt.managers.scheduler\n")
+    _write(root, "srt/mem_cache/radix.py", "from sglang.srt.managers.scheduler import Scheduler\n")
+    _write(root, "srt/mem_cache/backup.py", "def f():\n    from sglang.srt.disaggregation.decode import g\n")
+    # Allowed arrows (downward): not reported.
+    _write(root, "srt/configs/slices.py", "")
+    _write(root, "srt/mem_cache/host.py", "from sglang.srt.configs.slices import X\n")
+    _write(root, "srt/layers/attn.py", "from sglang.srt.mem_cache import host\n")
     graph = check_layering.import_graph(check_layering.module_files(root))
     cycles = check_layering.find_cycles(graph)
     assert cycles == [["sglang.srt.disaggregation.decode", "sglang.srt.managers.scheduler"]]
-    upward = check_layering.upward_imports(graph)
-    assert ("sglang.srt.disaggregation.decode", "sglang.srt.managers.scheduler") in upward
-    assert ("sglang.srt.mem_cache.pool", "sglang.srt.entrypoints.http") in upward
-    assert ("sglang.srt.models.m", "sglang.srt.managers.scheduler") in upward
+    # One arrow per rule, each reported, and nothing else.
+    assert check_layering.upward_imports(graph) == sorted([
+        ("sglang.srt.disaggregation.decode", "sglang.srt.managers.scheduler"),
+        ("sglang.srt.layers.linear", "sglang.srt.managers.scheduler"),
+        ("sglang.srt.mem_cache.backup", "sglang.srt.disaggregation.decode"),
+        ("sglang.srt.mem_cache.pool", "sglang.srt.entrypoints.http"),
+        ("sglang.srt.mem_cache.radix", "sglang.srt.managers.scheduler"),
+        ("sglang.srt.models.m", "sglang.srt.managers.scheduler"),
+    ])
 
 
 SERVER_ARGS_NAMES = {"server_args", "sa", "args"}
