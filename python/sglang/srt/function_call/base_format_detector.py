@@ -5,19 +5,23 @@ Mirrors upstream SGLang's `BaseFormatDetector` interface: `has_tool_call`, `dete
 plus upstream's later `finish` (flush at the end of a stream). Calls of a function that is not
 in `tools` are dropped with a warning, as upstream does.
 
-Streaming is deliberately simple (upstream parses partial JSON with `partial_json_parser`, which
-is not available here): text is scanned for the start of a tool-call region; the normal text
-before it streams out at once, holding back only a suffix that could still become a start
-marker. A region is buffered until it is complete, then each call in it is emitted the way
-upstream/OpenAI stream them: an item with the name and `parameters=""`, then an item with
-`name=None` and the whole arguments JSON (`json.dumps(args, ensure_ascii=False)`). A region that
-turns out not to be a tool call (malformed JSON, no "name") is given back as normal text.
-Whitespace (and drop tokens) right after a tool call are dropped. `detect_and_parse` runs the
-same scan over the whole text, so a stream and a one-shot parse of the same output always
-agree; the one-shot normal text is `.strip()`-ed when the output held a tool-call region.
+Text is scanned for the start of a tool-call region; the normal text before it streams out at
+once, holding back only a suffix that could still become a start marker. While a region is
+still growing, its JSON calls stream the way upstream/OpenAI stream them (`json_stream`): an item
+with the name and `parameters=""` as soon as the name is complete, then items with `name=None`
+and fragments of the arguments JSON as they become stable; the fragments add up to
+`json.dumps(args, ensure_ascii=False)`. When the region is complete it is parsed in one go and
+what was not sent yet goes out. A region that turns out not to be a tool call (malformed JSON, no
+"name") is given back as normal text, unless a call of it had already gone out (then it is
+dropped: a stream cannot take a call back). Whitespace (and drop tokens) right after a tool call
+are dropped. `detect_and_parse` runs the same scan over the whole text at once (so nothing is
+sent early and a malformed region is always text); the one-shot normal text is `.strip()`-ed
+when the output held a tool-call region.
 
 A detector sets `bot_token` (and `drop_tokens`: markers removed from normal text) and
-implements `_parse_region`; it overrides `_find_call_start` when its start is not `bot_token`.
+implements `_parse_region`; it overrides `_find_call_start` when its start is not `bot_token`,
+and `_json_start` when its calls' JSON does not follow `bot_token` (and whitespace), or is not
+JSON (pythonic: `-1`, the call goes out whole once complete).
 """
 
 import json
@@ -25,6 +29,7 @@ import logging
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from sglang.srt.function_call.core_types import StreamingParseResult, ToolCallItem
+from sglang.srt.function_call.json_stream import BracketScan, JsonCallStreamer, skip_ws
 
 logger = logging.getLogger(__name__)
 
@@ -50,36 +55,6 @@ def partial_suffix_len(text: str, token: str) -> int:
         if token.startswith(text[-n:]):
             return n
     return 0
-
-
-def skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
-
-def json_value_end(text: str, start: int) -> int:
-    """Index just past the JSON object/array that opens at `text[start]`, by bracket depth
-    outside strings; -1 while it is not closed yet."""
-    depth, in_str, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_str:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "[{":
-            depth += 1
-        elif c in "]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return -1
 
 
 def load_calls(text: str) -> Optional[List[dict]]:
@@ -131,7 +106,8 @@ class BaseFormatDetector:
         self._after_call = False  # the last thing consumed was a tool call
         self._seen_text = False  # some non-whitespace normal text was given out
         self._saw_region = False
-        self.current_tool_id = 0  # the tool_index of the next call
+        self._stream = JsonCallStreamer()  # the calls sent so far (and the next tool_index)
+        self._value_scan: Optional[BracketScan] = None  # where the current region's JSON ends
         # As upstream, for the serving layer: each call's {"name", "arguments"} and its JSON.
         self.prev_tool_call_arr: List[Dict[str, Any]] = []
         self.streamed_args_for_tool: List[str] = []
@@ -150,19 +126,39 @@ class BaseFormatDetector:
         """`buf` starts at a tool-call region: see `RegionResult`. `final`: no more text comes."""
         raise NotImplementedError
 
+    def _json_start(self, buf: str) -> int:
+        """Where the calls' JSON starts in a region (`buf` starts at the region); -1 while that
+        is not known yet, or for a format whose calls are not JSON."""
+        i = skip_ws(buf, len(self.bot_token))
+        return i if i < len(buf) else -1
+
+    def _parse_json_region(self, buf: str, openers: str) -> RegionResult:
+        """`_parse_region` of a format whose region is `_json_start`'s preamble and then one JSON
+        value opening with one of `openers` (a call object, or an array of them)."""
+        i = self._json_start(buf)
+        if i < 0:
+            return None
+        if buf[i] not in openers:
+            return i, None
+        if self._value_scan is None:
+            self._value_scan = BracketScan(i)
+        end = self._value_scan.end(buf)
+        if end < 0:
+            return None
+        return end, load_calls(buf[i:end])
+
     # ---- the interface ----
     def detect_and_parse(self, text: str, tools: list) -> StreamingParseResult:
         """Parse a whole output: its normal text and one item per (known) tool call."""
         scanner = type(self)()
-        first = scanner.parse_streaming_increment(text, tools)
-        last = scanner.finish(tools)
-        normal = first.normal_text + last.normal_text
-        if scanner._saw_region:
-            normal = normal.strip()
-        return StreamingParseResult(normal_text=normal, calls=merge_call_items(first.calls + last.calls))
+        scanner._buffer = text
+        result = scanner._consume(tools, final=True)
+        normal = result.normal_text.strip() if scanner._saw_region else result.normal_text
+        return StreamingParseResult(normal_text=normal, calls=merge_call_items(result.calls))
 
     def parse_streaming_increment(self, new_text: str, tools: list) -> StreamingParseResult:
-        """Parse the next chunk of a stream: the normal text and tool-call items it completes."""
+        """Parse the next chunk of a stream: the normal text and the tool-call items (names,
+        argument fragments) it adds."""
         self._buffer += new_text
         return self._consume(tools, final=False)
 
@@ -197,14 +193,18 @@ class BaseFormatDetector:
             region = self._parse_region(buf, final)
             if region is None:
                 if not final:
+                    calls.extend(self._stream_region(buf, names))
                     break
                 region = (len(buf), None)
             consumed, actions = region
             consumed = max(consumed, 1)
-            self._in_call = False
+            self._in_call, self._value_scan = False, None
             if actions is None:
-                logger.warning("Not a valid tool call, kept as text: %r", buf[:consumed][:200])
-                self._emit_text(buf[:consumed], text, drop_tokens=False)
+                if self._stream.abandon(buf[:consumed]):
+                    self._after_call = True  # a call went out: what follows is as after a call
+                else:
+                    logger.warning("Not a valid tool call, kept as text: %r", buf[:consumed][:200])
+                    self._emit_text(buf[:consumed], text, drop_tokens=False)
             else:
                 calls.extend(self._emit_calls(actions, names))
                 self._after_call = True
@@ -232,19 +232,20 @@ class BaseFormatDetector:
                 self._seen_text = True
                 self._after_call = False
 
+    def _stream_region(self, buf: str, names: Set[str]) -> List[ToolCallItem]:
+        """Items for the calls of a region that is still growing (see `json_stream`)."""
+        start = self._json_start(buf)
+        if start < 0 or buf[start] not in "[{":
+            return []
+        return self._stream.advance(buf, start, names)
+
     def _emit_calls(self, actions: List[dict], names: Set[str]) -> List[ToolCallItem]:
-        items = []
+        """Items for a completed region's calls: what `_stream_region` did not send yet."""
+        parsed = []
         for action in actions:
-            name = action["name"]
-            if name not in names:
-                logger.warning("Model attempted to call undefined function: %s", name)
-                continue
             args = call_arguments(action)
-            args_json = json.dumps(args, ensure_ascii=False)
-            index = self.current_tool_id
-            self.current_tool_id += 1
-            self.prev_tool_call_arr.append({"name": name, "arguments": args})
-            self.streamed_args_for_tool.append(args_json)
-            items.append(ToolCallItem(tool_index=index, name=name, parameters=""))
-            items.append(ToolCallItem(tool_index=index, name=None, parameters=args_json))
-        return items
+            parsed.append((action["name"], json.dumps(args, ensure_ascii=False)))
+            if action["name"] in names:  # as upstream, for the serving layer
+                self.prev_tool_call_arr.append({"name": action["name"], "arguments": args})
+                self.streamed_args_for_tool.append(parsed[-1][1])
+        return self._stream.finish(parsed, names)

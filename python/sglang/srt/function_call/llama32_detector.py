@@ -10,14 +10,8 @@ Text before `<|python_tag|>` and after the last call is normal text. A JSON obje
 
 from typing import Tuple
 
-from sglang.srt.function_call.base_format_detector import (
-    BaseFormatDetector,
-    RegionResult,
-    json_value_end,
-    load_calls,
-    partial_suffix_len,
-    skip_ws,
-)
+from sglang.srt.function_call.base_format_detector import BaseFormatDetector, RegionResult, partial_suffix_len
+from sglang.srt.function_call.json_stream import skip_ws
 
 
 class Llama32Detector(BaseFormatDetector):
@@ -37,17 +31,14 @@ class Llama32Detector(BaseFormatDetector):
         idx = buf.find(self.bot_token)
         return (idx, 0) if idx >= 0 else (-1, partial_suffix_len(buf, self.bot_token))
 
-    def _parse_region(self, buf: str, final: bool) -> RegionResult:
+    def _json_start(self, buf: str) -> int:
+        """A region is an optional `;`, optional `<|python_tag|>` (whitespace around) and the call."""
         i = skip_ws(buf, 1 if buf.startswith(self.tool_call_separator) else 0)
         if self.bot_token.startswith(buf[i:]):  # nothing yet, or a partial <|python_tag|>
-            return None
+            return -1
         if buf.startswith(self.bot_token, i):
             i = skip_ws(buf, i + len(self.bot_token))
-            if i == len(buf):
-                return None
-        if buf[i] != "{":
-            return i, None
-        end = json_value_end(buf, i)
-        if end < 0:
-            return None
-        return end, load_calls(buf[i:end])
+        return i if i < len(buf) else -1
+
+    def _parse_region(self, buf: str, final: bool) -> RegionResult:
+        return self._parse_json_region(buf, "{")

@@ -6,25 +6,11 @@ Text before it is normal text; several `[TOOL_CALLS]` blocks are each parsed. Th
 `[TOOL_CALLS]name[ARGS]{...}` form (Mistral tokenizer v11) is not handled: it stays text.
 """
 
-from sglang.srt.function_call.base_format_detector import (
-    BaseFormatDetector,
-    RegionResult,
-    json_value_end,
-    load_calls,
-    skip_ws,
-)
+from sglang.srt.function_call.base_format_detector import BaseFormatDetector, RegionResult
 
 
 class MistralDetector(BaseFormatDetector):
     bot_token = "[TOOL_CALLS]"
 
     def _parse_region(self, buf: str, final: bool) -> RegionResult:
-        i = skip_ws(buf, len(self.bot_token))
-        if i == len(buf):
-            return None
-        if buf[i] not in "[{":
-            return i, None
-        end = json_value_end(buf, i)
-        if end < 0:
-            return None
-        return end, load_calls(buf[i:end])
+        return self._parse_json_region(buf, "[{")

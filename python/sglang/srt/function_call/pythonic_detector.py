@@ -7,6 +7,9 @@ It is parsed with `ast` (never evaluated); the arguments become JSON (`True` -> 
 -> arrays, ...). As in upstream's newer versions the list may come after some text. A
 bracketed text that is not such a list (positional arguments, non-literal values, ...) stays
 normal text; a list of well-formed calls naming unknown functions is dropped, as upstream.
+Streams send each call whole (its name, then all its arguments) once the list is closed: upstream
+buffers pythonic calls the same way, since a Python literal cannot be re-serialized as JSON before
+it ends.
 """
 
 import ast
@@ -92,6 +95,9 @@ class PythonicDetector(BaseFormatDetector):
             return match.start(), 0
         partial = _PARTIAL_START.search(buf)
         return -1, (len(buf) - partial.start()) if partial else 0
+
+    def _json_start(self, buf: str) -> int:
+        return -1  # not JSON: nothing streams before the list is complete (see the module doc)
 
     def _parse_region(self, buf: str, final: bool) -> RegionResult:
         end = _python_list_end(buf)
