@@ -7,14 +7,17 @@ tools every text is normal text, as upstream.
 
 For `tool_choice="required"` or a named function upstream constrains the output with a JSON
 schema instead (when the detector has no structural tag): `get_json_schema_constraint` builds
-it and `parse_required_tool_calls` turns the constrained output back into calls.
+it and `parse_required_tool_calls` turns the constrained output back into calls;
+`RequiredCallParser` streams those calls while the output is generated (name first, then the
+arguments as they become stable, as upstream streams them).
 """
 
 import json
 from typing import Any, Dict, List, Optional, Tuple, Type
 
-from sglang.srt.function_call.base_format_detector import BaseFormatDetector, tool_function
+from sglang.srt.function_call.base_format_detector import BaseFormatDetector, tool_function, tool_names
 from sglang.srt.function_call.core_types import ToolCallItem
+from sglang.srt.function_call.json_stream import JsonCallStreamer, skip_ws
 from sglang.srt.function_call.llama32_detector import Llama32Detector
 from sglang.srt.function_call.mistral_detector import MistralDetector
 from sglang.srt.function_call.pythonic_detector import PythonicDetector
@@ -141,3 +144,39 @@ def parse_required_tool_calls(text: str, tool_choice: Any) -> List[ToolCallItem]
     if not isinstance(value, dict):
         raise ValueError(f"arguments of {name!r} are not a JSON object: {text[:200]!r}")
     return [ToolCallItem(tool_index=0, name=name, parameters=json.dumps(value, ensure_ascii=False))]
+
+
+class RequiredCallParser:
+    """Streams the calls of an output generated under `get_json_schema_constraint(tools,
+    tool_choice)`: for "required" a JSON array of `{"name", "parameters"}` objects, for a named
+    function its arguments object (the name is known before the first token). Each call's name
+    goes out once known, then its arguments as they become stable (`json_stream`); the end
+    completes them from `parse_required_tool_calls`, so the fragments add up to exactly the
+    arguments a one-shot parse gives."""
+
+    def __init__(self, tools: list, tool_choice: Any):
+        self.tool_choice = tool_choice
+        self.named = None if tool_choice == "required" else _named_function(tool_choice)
+        self.names = tool_names(tools)
+        self._text = ""
+        self._stream = JsonCallStreamer()
+
+    def parse_stream_chunk(self, chunk_text: str) -> List[ToolCallItem]:
+        """The next chunk of the output -> the tool-call items (names, argument fragments) it adds."""
+        self._text += chunk_text
+        start = skip_ws(self._text, 0)
+        if start >= len(self._text):
+            return []
+        if self.named is None and self._text[start] != "[":
+            return []
+        return self._stream.advance(self._text, start, self.names, name=self.named)
+
+    def parse_stream_end(self) -> Tuple[str, List[ToolCallItem]]:
+        """The output ended -> (text to give as content, the calls' last items). An output that is
+        not a whole call (cut by max_tokens) is content, as in the one-shot path, unless a call of
+        it has already gone out."""
+        try:
+            calls = parse_required_tool_calls(self._text, self.tool_choice)
+        except ValueError:
+            return ("", []) if self._stream.abandon(self._text) else (self._text, [])
+        return "", self._stream.finish([(c.name, c.parameters) for c in calls], self.names)

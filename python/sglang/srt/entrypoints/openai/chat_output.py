@@ -5,7 +5,8 @@ How tools are handled depends on `tool_choice` (upstream's rules):
 - `"none"` or no tools: the text is the content.
 - `"required"` or a named function: the output was constrained by the grammar backend to the
   JSON schema `get_json_schema_constraint` builds, so it *is* the call(s); it is parsed back with
-  `parse_required_tool_calls` (when the output was cut by `max_tokens` it stays content).
+  `parse_required_tool_calls` (when the output was cut by `max_tokens` it stays content). Streams
+  send each call's name, then its arguments as they are generated (`RequiredCallParser`).
 - `"auto"` (the default when tools are given): the `--tool-call-parser` format's detector splits
   the text into content and calls; without a parser the text is the content, as upstream.
 With `--reasoning-parser` (and the request's `separate_reasoning`, default true) the reasoning
@@ -18,7 +19,7 @@ import json
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from sglang.srt.function_call import FunctionCallParser, ToolCallItem, parse_required_tool_calls
+from sglang.srt.function_call import FunctionCallParser, RequiredCallParser, ToolCallItem, parse_required_tool_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 
 def tool_mode(request) -> str:
@@ -49,12 +50,13 @@ class ChoiceOutput:
         if self.mode == "parser" and not tool_call_parser:
             self.mode = "none"
         self.tool_parser = FunctionCallParser(request.tools, tool_call_parser) if self.mode == "parser" else None
+        self.required_parser = (RequiredCallParser(request.tools, request.tool_choice)
+                                if self.mode == "constrained" else None)
         self.reasoning = None
         if reasoning_parser and request.separate_reasoning:
             self.reasoning = ReasoningParser(reasoning_parser, stream_reasoning=request.stream_reasoning)
         self.num_calls = 0  # tool calls emitted so far
         self._ids: Dict[int, str] = {}
-        self._held = ""  # constrained streams: the JSON is parsed once it is complete
 
     @property
     def has_tool_calls(self) -> bool:
@@ -103,21 +105,15 @@ class ChoiceOutput:
         if self.mode == "parser":
             normal, calls = self.tool_parser.parse_stream_end()
             out += self._emit(normal, calls)
-        elif self.mode == "constrained" and self._held:
-            try:
-                calls = parse_required_tool_calls(self._held, self.request.tool_choice)
-                out += self._emit("", calls)
-            except ValueError:
-                out.append({"content": self._held})
-            self._held = ""
+        elif self.mode == "constrained":
+            out += self._emit(*self.required_parser.parse_stream_end())
         return out
 
     def _content_delta(self, text: str) -> List[dict]:
         if not text:
             return []
         if self.mode == "constrained":
-            self._held += text
-            return []
+            return self._emit("", self.required_parser.parse_stream_chunk(text))
         if self.mode == "parser":
             normal, calls = self.tool_parser.parse_stream_chunk(text)
             return self._emit(normal, calls)
