@@ -69,7 +69,9 @@ def chat(server, **kw):
 
 
 def collect_stream(stream):
-    """Per choice index: content, reasoning, tool calls assembled from deltas, finish reason."""
+    """Per choice index: content, reasoning, tool calls assembled from deltas (with their arguments
+    fragments: a call's first delta has its id, name and arguments "", the next ones only
+    arguments, as OpenAI streams them), finish reason."""
     out = {}
     for ev in stream:
         for c in ev.choices:
@@ -78,12 +80,15 @@ def collect_stream(stream):
             st["content"] += d.content or ""
             st["reasoning"] += getattr(d, "reasoning_content", None) or ""
             for tc in d.tool_calls or []:
-                call = st["calls"].setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                call["id"] = call["id"] or tc.id
-                if tc.function and tc.function.name:
-                    call["name"] = tc.function.name
-                if tc.function and tc.function.arguments:
+                if tc.index not in st["calls"]:
+                    assert tc.id and tc.type == "function" and tc.function.name and tc.function.arguments == "", tc
+                else:
+                    assert tc.id is None and tc.function.name is None and tc.function.arguments, tc
+                call = st["calls"].setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "arguments": "",
+                                                         "fragments": 0})
+                if tc.function.arguments:
                     call["arguments"] += tc.function.arguments
+                    call["fragments"] += 1
             if c.finish_reason:
                 st["finish"] = c.finish_reason
     return out
@@ -221,6 +226,7 @@ def test_tool_choice_named_and_streamed(server):
     for call in st["calls"].values():
         assert call["id"].startswith("call_")
         _check_call(call["name"], call["arguments"])
+        assert call["fragments"] > 1, call  # the arguments stream as they are generated
 
 
 # The model is small: an EBNF makes it emit the qwen25 format, which the auto path must parse.
@@ -239,7 +245,7 @@ def test_tool_choice_auto_parses_the_call(server):
                              extra_body={"ebnf": QWEN_CALL_EBNF}))[0]
     assert st["finish"] == "tool_calls" and st["content"].strip() == "Let me check."
     assert [c["name"] for c in st["calls"].values()] == ["get_weather"]
-    assert json.loads(st["calls"][0]["arguments"]) == json.loads(tc.function.arguments)
+    assert st["calls"][0]["arguments"] == tc.function.arguments and st["calls"][0]["fragments"] > 1
     # tool_choice "none": the same text is plain content
     r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=120,
              extra_body={"ebnf": QWEN_CALL_EBNF})
