@@ -12,7 +12,7 @@ import psutil
 import pytest
 import requests
 
-from sglang.srt.disaggregation.launch_pd import parse_args, role_flags
+from sglang.srt.disaggregation.launch_pd import parse_args, role_flags, router_cmd
 from sglang.srt.utils.cpu_binding import available_cores, format_cores
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -34,6 +34,17 @@ def test_role_templates_route_flags():
     assert prefill.count("--enable-metrics") == 1 == decode.count("--enable-metrics")  # on by default
     args, common = parse_args(["--model-path", "m", "--", "--enable-metrics"])
     assert role_flags("decode", common, args).count("--enable-metrics") == 1
+
+
+def test_the_router_logs_at_warn_unless_asked():
+    """At INFO the router logs every health check of both members; launch_pd starts it at warn."""
+    pytest.importorskip("sglang_router")
+    args, _ = parse_args(["--model-path", "m"])
+    cmd = router_cmd(args)
+    assert cmd[cmd.index("--log-level") + 1] == "warn"
+    args, _ = parse_args(["--model-path", "m", "--router-log-level", "info"])
+    cmd = router_cmd(args)
+    assert cmd[cmd.index("--log-level") + 1] == "info"
 
 
 def test_check_only_rejects_a_bad_role_before_launch(tmp_path):
@@ -221,6 +232,9 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         assert len(turn_files) == 1 and log.count("compute turns: shared") == 2, log
         _clients_shapes_then_pools_free(router, ports)
         _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
+        # The router runs at warn: its health checks (every 5 s) and requests leave no INFO lines.
+        router_info = [ln for ln in log_path.read_text(errors="replace").splitlines() if "smg::" in ln and "INFO" in ln]
+        assert not router_info, router_info[:3]
         _member_pid(proc.pid, "decode").kill()
         assert _serves(router, 120), "the deployment did not serve again after the decode restart"
         log = log_path.read_text(errors="replace")

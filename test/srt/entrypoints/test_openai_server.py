@@ -275,6 +275,18 @@ def test_prompt_too_long_is_400(server):
     assert "context length" in _error_body(r)["message"]
 
 
+def test_max_completion_tokens_past_the_context_is_upstreams_400(server):
+    """Chat checks the completion budget against the context length with upstream's text (its
+    missing space included), for both field names."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = requests.post(server["url"] + "/v1/chat/completions", timeout=30,
+                          json={"messages": MESSAGES, field: 4 * CONTEXT_LEN})
+        body = _error_body(r)
+        assert body["type"] == "BadRequestError"
+        assert body["message"] == (f"max_completion_tokens is too large: {4 * CONTEXT_LEN}."
+                                   f"This model supports at most {CONTEXT_LEN} completion tokens.")
+
+
 def test_scheduler_rejection_maps_to_400(server):
     """Shorter than the context but longer than the KV pool: the scheduler aborts it with
     status 400, which a non-streaming (and a not-yet-started streaming) response turns into

@@ -115,3 +115,24 @@ def test_decode_log_line(model_dir, caplog):
     decode = [m for m in lines if m.startswith("Decode batch. #running-req: ")]
     assert decode and "#token: " in decode[0] and "gen throughput (token/s): " in decode[0]
     assert "#running-req: 2," in decode[0]
+
+
+def test_allow_auto_truncate_keeps_the_head_of_a_prompt_longer_than_the_pool(model_dir):
+    """--allow-auto-truncate: a prompt past the scheduler's input limit (here the KV pool) runs on
+    its first `max_req_input_len` tokens, as upstream, instead of the 400 it gets without it."""
+    from sglang.test.hf_reference import hf_greedy, load_hf_model
+
+    prompt = random_prompts([300], seed=8, vocab_hi=1000)[0]
+    refused = make_scheduler(model_dir, max_total_tokens=256)
+    req = submit(refused, "long", prompt, 4)
+    assert req.finished_reason.status_code == 400
+    assert "Use a shorter input or enable --allow-auto-truncate." in req.finished_reason.to_json()["message"]
+    assert_no_leak(refused)
+    sched = make_scheduler(model_dir, max_total_tokens=256, allow_auto_truncate=True)
+    req = submit(sched, "long", prompt, 4)
+    run_to_completion(sched)
+    kept = sched.max_req_input_len
+    assert req.origin_input_ids == prompt[:kept] and kept < len(prompt)
+    assert req.finished_reason.to_json() == {"type": "length", "length": 4}
+    assert req.output_ids == hf_greedy(load_hf_model(model_dir), prompt[:kept], 4)
+    assert_no_leak(sched)
