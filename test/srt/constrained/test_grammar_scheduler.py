@@ -257,3 +257,25 @@ def test_structural_tags_both_formats(model_dir):
     assert bad.finished_reason.to_json()["status_code"] == 400
     assert "Invalid structural_tag" in bad.finished_reason.to_json()["message"]
     assert_no_leak(sched)
+
+
+def test_a_chunked_prompt_and_a_radix_hit_keep_the_grammar(model_dir):
+    """The grammar starts at the first sampled token whatever the prompt went through: a prompt
+    of three 64-token chunks, then the same prompt again served from the radix tree."""
+    sched = make_scheduler(model_dir)
+    sched.grammar_manager.backend.get_future(("json", json.dumps(SCHEMA))).result()  # no grammar-queue timing
+    prompt = random_prompts([150], seed=13)[0]
+    first = submit(sched, "chunked", prompt, json_schema=json.dumps(SCHEMA), temperature=0.0)
+    for _ in range(2000):  # steps without a forward while the grammar is still compiling
+        sched.step()
+        if sched.chunked_req is first:
+            break
+    assert sched.chunked_req is first and not first.output_ids  # prefilled in chunks, nothing sampled yet
+    run_to_completion(sched)
+    again = submit(sched, "hit", prompt, json_schema=json.dumps(SCHEMA), temperature=0.0)
+    run_to_completion(sched)
+    assert first.cached_tokens == 0 and again.cached_tokens >= 128, (first.cached_tokens, again.cached_tokens)
+    for req in (first, again):
+        assert_stopped_by_grammar(sched, req)
+        jsonschema.validate(json.loads(text_of(sched, req)), SCHEMA)
+    assert_no_leak(sched)

@@ -1,11 +1,13 @@
 """Structured output and tool calls through a 1P1D deployment (default model, Mooncake over
 loopback) behind the real sglang-router, with the official openai client: the prefill server
 samples the first token under the grammar, the decode server continues from the same matcher
-state, so a greedy constrained answer equals a plain server's and is in the language; bad specs
-are a 400 and every pool is free afterwards."""
+state, so every kind of constraint (json_schema, json_object, regex, EBNF; n=2, streamed or not)
+answers in its language, a greedy constrained answer equals a plain server's, tool calls
+(required, named, auto through --tool-call-parser) are valid calls, bad specs are a 400 and every
+pool is free afterwards. The cases and checks are the plain-server tests' own
+(sglang.test.structured_output_cases)."""
 
 import json
-import re
 
 import jsonschema
 import pytest
@@ -14,22 +16,13 @@ import requests
 from sglang.test.fuzz.runner import assert_pools_restored
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
 from sglang.test.server_utils import popen_launch_server, start_side_by_side
+from sglang.test.structured_output_cases import (ASK, CITY_SCHEMA, KINDS, QWEN_CALL_EBNF, TOOLS,
+                                                 WEATHER_ASK, check_call, collect_stream)
 
 pytestmark = pytest.mark.server
 
 openai = pytest.importorskip("openai")
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 30},
-                   "population": {"type": "integer", "minimum": 0, "maximum": 100000000}},
-    "required": ["name", "population"],
-    "additionalProperties": False,
-}
-ASK = [{"role": "user", "content": "Give the name and population of the capital of France as JSON."}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"],
-    "additionalProperties": False}}}]
 COMMON = ["--constrained-json-max-whitespace-cnt", "2", "--tool-call-parser", "qwen25"]
 
 
@@ -59,52 +52,77 @@ def client(base):
     return openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
+def chat(base, **kw):
+    kw.setdefault("model", "m")
+    kw.setdefault("messages", ASK)
+    kw.setdefault("max_tokens", 150)
+    return client(base).chat.completions.create(**kw)
+
+
 def test_json_schema_n2_greedy_equals_plain_and_validates(cluster):
-    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
-    pd = client(cluster["router"]).chat.completions.create(model="m", messages=ASK, n=2, temperature=0, max_tokens=100,
-                                                           response_format=fmt)
-    plain = client(cluster["plain"]).chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=100,
-                                                             response_format=fmt)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
+    pd = chat(cluster["router"], n=2, temperature=0, max_tokens=100, response_format=fmt)
+    plain = chat(cluster["plain"], temperature=0, max_tokens=100, response_format=fmt)
     texts = [c.message.content for c in pd.choices]
     assert texts == [plain.choices[0].message.content] * 2
     for c in pd.choices:
         assert c.finish_reason == "stop"
-        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+        jsonschema.validate(json.loads(c.message.content), CITY_SCHEMA)
 
 
-def test_regex_stream_and_sampled_n2(cluster):
-    regex = r'\{"name": "[\w ]{1,20}", "population": [\d]{1,9}\}'
-    stream = client(cluster["router"]).chat.completions.create(
-        model="m", messages=ASK, temperature=0.9, n=2, max_tokens=80, stream=True, extra_body={"regex": regex})
-    texts, finish = {}, {}
-    for ev in stream:
-        for c in ev.choices:
-            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
-            finish[c.index] = c.finish_reason or finish.get(c.index)
-    assert sorted(texts) == [0, 1] and set(finish.values()) == {"stop"}
-    for t in texts.values():
-        assert re.fullmatch(regex, t), t
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_kind_with_n2_through_the_router(cluster, kind, stream):
+    body, in_language = KINDS[kind]
+    # json_object is unbounded: a sampled small model may ramble on, so that kind runs greedy
+    kw = dict(body, n=2, temperature=0.0 if kind == "json_object" else 0.7, stream=stream)
+    if stream:
+        got = {i: (st["content"], st["finish"]) for i, st in collect_stream(chat(cluster["router"], **kw)).items()}
+    else:
+        got = {c.index: (c.message.content, c.finish_reason) for c in chat(cluster["router"], **kw).choices}
+    assert sorted(got) == [0, 1]
+    for text, finish in got.values():
+        assert finish == "stop", (kind, text)
+        assert in_language(text), (kind, text)
 
 
-def test_tool_choice_required_through_the_router(cluster):
-    r = client(cluster["router"]).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=TOOLS, tool_choice="required",
-        temperature=0, max_tokens=80)
+def test_tool_choice_required_and_named_through_the_router(cluster):
+    r = chat(cluster["router"], messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0.7, n=2,
+             parallel_tool_calls=False)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c
+        (tc,) = c.message.tool_calls
+        assert tc.type == "function" and tc.id.startswith("call_")
+        check_call(tc.function.name, tc.function.arguments)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = chat(cluster["router"], messages=WEATHER_ASK, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=80)
+    (tc,) = r.choices[0].message.tool_calls
+    assert tc.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
+    check_call("get_time", tc.function.arguments)
+    st = collect_stream(chat(cluster["router"], messages=WEATHER_ASK, tools=TOOLS, tool_choice=named, temperature=0,
+                             max_tokens=80, stream=True))[0]
+    assert st["finish"] == "tool_calls" and [c["name"] for c in st["calls"].values()] == ["get_time"]
+    check_call("get_time", st["calls"][0]["arguments"])
+
+
+def test_tool_choice_auto_parses_the_call_through_the_router(cluster):
+    r = chat(cluster["router"], messages=WEATHER_ASK, tools=TOOLS, temperature=0, max_tokens=120,
+             extra_body={"ebnf": QWEN_CALL_EBNF})
     c = r.choices[0]
-    assert c.finish_reason == "tool_calls"
+    assert c.finish_reason == "tool_calls" and c.message.content == "Let me check."
     (tc,) = c.message.tool_calls
     assert tc.function.name == "get_weather"
-    jsonschema.validate(json.loads(tc.function.arguments), TOOLS[0]["function"]["parameters"])
+    check_call("get_weather", tc.function.arguments)
 
 
 def test_generate_json_schema_through_the_router(cluster):
     body = {"text": "The capital of France as JSON: ",
-            "sampling_params": {"max_new_tokens": 80, "temperature": 0, "json_schema": json.dumps(SCHEMA)}}
+            "sampling_params": {"max_new_tokens": 80, "temperature": 0, "json_schema": json.dumps(CITY_SCHEMA)}}
     pd = requests.post(cluster["router"] + "/generate", json=body, timeout=300)
     plain = requests.post(cluster["plain"] + "/generate", json=body, timeout=300)
     assert pd.status_code == 200, pd.text
     assert pd.json()["text"] == plain.json()["text"]
-    jsonschema.validate(json.loads(pd.json()["text"]), SCHEMA)
+    jsonschema.validate(json.loads(pd.json()["text"]), CITY_SCHEMA)
 
 
 def test_bad_spec_is_400_and_pools_are_free(cluster):

@@ -17,34 +17,12 @@ import pytest
 import requests
 
 from sglang.test.server_utils import find_free_port, popen_launch_server, stop_server
+from sglang.test.structured_output_cases import (ASK, CITY_REGEX, CITY_SCHEMA, KINDS, QWEN_CALL_EBNF, TOOLS,
+                                                 WEATHER_ASK, check_call, collect_stream)
 
 pytestmark = pytest.mark.server
 
 openai = pytest.importorskip("openai")
-
-CITY_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 40}, "population": {"type": "integer", "minimum": 0, "maximum": 100000000}},
-    "required": ["name", "population"],
-    "additionalProperties": False,
-}
-ASK = [{"role": "user", "content": "Give the name and population of the capital of France as JSON."}]
-CITY_REGEX = r'\{"name": "[\w ]{1,20}", "population": [\d]{1,9}\}'
-WEATHER_PARAMS = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": WEATHER_PARAMS}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
-                                                     "required": ["city"], "additionalProperties": False}}},
-]
-WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -66,32 +44,6 @@ def chat(server, **kw):
     kw.setdefault("messages", ASK)
     kw.setdefault("max_tokens", 120)
     return server["client"].chat.completions.create(**kw)
-
-
-def collect_stream(stream):
-    """Per choice index: content, reasoning, tool calls assembled from deltas (with their arguments
-    fragments: a call's first delta has its id, name and arguments "", the next ones only
-    arguments, as OpenAI streams them), finish reason."""
-    out = {}
-    for ev in stream:
-        for c in ev.choices:
-            st = out.setdefault(c.index, {"content": "", "reasoning": "", "calls": {}, "finish": None})
-            d = c.delta
-            st["content"] += d.content or ""
-            st["reasoning"] += getattr(d, "reasoning_content", None) or ""
-            for tc in d.tool_calls or []:
-                if tc.index not in st["calls"]:
-                    assert tc.id and tc.type == "function" and tc.function.name and tc.function.arguments == "", tc
-                else:
-                    assert tc.id is None and tc.function.name is None and tc.function.arguments, tc
-                call = st["calls"].setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "arguments": "",
-                                                         "fragments": 0})
-                if tc.function.arguments:
-                    call["arguments"] += tc.function.arguments
-                    call["fragments"] += 1
-            if c.finish_reason:
-                st["finish"] = c.finish_reason
-    return out
 
 
 # ------------------------------------------------------------------------------ structured output
@@ -132,19 +84,6 @@ def test_stream_n2_under_json_schema(server):
     for st in got.values():
         assert st["finish"] == "stop"
         jsonschema.validate(json.loads(st["content"]), CITY_SCHEMA)
-
-
-EBNF_CAPITAL = 'root ::= "The capital of France is " ("Paris" | "Lyon" | "Nice") "."'
-KINDS = {
-    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}},
-                    lambda t: jsonschema.validate(json.loads(t), CITY_SCHEMA) is None),
-    "json_object": ({"response_format": {"type": "json_object"},
-                     "messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]},
-                    lambda t: isinstance(json.loads(t), dict)),
-    "regex": ({"extra_body": {"regex": CITY_REGEX}}, lambda t: re.fullmatch(CITY_REGEX, t) is not None),
-    "ebnf": ({"extra_body": {"ebnf": EBNF_CAPITAL}},
-             lambda t: re.fullmatch(r"The capital of France is (Paris|Lyon|Nice)\.", t) is not None),
-}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -195,12 +134,6 @@ def test_bad_spec_is_400_and_server_keeps_serving(server, body, words):
 # ------------------------------------------------------------------------------------ tool calls
 
 
-def _check_call(name, arguments):
-    params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    assert name in params
-    jsonschema.validate(json.loads(arguments), params[name])
-
-
 def test_tool_choice_required(server):
     # sampled: without parallel_tool_calls=False the array of calls is unbounded (maxItems 1 with it)
     r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0.7, n=2, max_tokens=150,
@@ -210,7 +143,7 @@ def test_tool_choice_required(server):
         assert len(c.message.tool_calls) == 1 and c.message.content is None
         for tc in c.message.tool_calls:
             assert tc.type == "function" and tc.id.startswith("call_")
-            _check_call(tc.function.name, tc.function.arguments)
+            check_call(tc.function.name, tc.function.arguments)
 
 
 def test_tool_choice_named_and_streamed(server):
@@ -218,20 +151,15 @@ def test_tool_choice_named_and_streamed(server):
     r = chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=80)
     (tc,) = r.choices[0].message.tool_calls
     assert tc.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
-    _check_call("get_time", tc.function.arguments)
+    check_call("get_time", tc.function.arguments)
     got = collect_stream(chat(server, messages=WEATHER_ASK, tools=TOOLS, tool_choice="required", temperature=0,
                               max_tokens=150, stream=True))
     st = got[0]
     assert st["finish"] == "tool_calls" and st["calls"], st
     for call in st["calls"].values():
         assert call["id"].startswith("call_")
-        _check_call(call["name"], call["arguments"])
+        check_call(call["name"], call["arguments"])
         assert call["fragments"] > 1, call  # the arguments stream as they are generated
-
-
-# The model is small: an EBNF makes it emit the qwen25 format, which the auto path must parse.
-QWEN_CALL_EBNF = ('root ::= "Let me check. <tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
-                  '{\\"city\\": \\"" ("Paris" | "Rome") "\\", \\"unit\\": \\"celsius\\"}}\\n</tool_call>"')
 
 
 def test_tool_choice_auto_parses_the_call(server):
