@@ -10,10 +10,6 @@ Mooncake engine (TCP): HF's greedy tokens; a decode peer with other slot sizes i
 import pytest
 
 from sglang.check_server_args import main as check_server_args_main
-from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 from sglang.test.hf_reference import hf_greedy, load_hf_model
 from sglang.test.scheduler_utils import InProcessPD, make_scheduler, random_prompts, run_to_completion, submit
 from sglang.test.tiny_models import make_tiny_model

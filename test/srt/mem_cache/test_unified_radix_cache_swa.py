@@ -4,7 +4,6 @@ window, window-aware matching, the eviction cascade, tombstone recovery, SWA loc
 import random
 
 import pytest
-import torch
 
 from mem_cache_test_driver import SWA_LAYER, FULL_LAYER, ReqLike, build, fingerprints
 from sglang.srt.mem_cache.radix_key import RadixKey

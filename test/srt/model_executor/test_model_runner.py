@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-from types import SimpleNamespace
 
 import psutil
 import pytest

@@ -17,7 +17,7 @@ The scan clamps dt to `time_step_limit`; the decode step does not (as HF).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Tuple
+from typing import Any, List, Tuple
 
 import torch
 import torch.nn.functional as F
