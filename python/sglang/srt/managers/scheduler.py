@@ -481,6 +481,9 @@ def _build_memory(server_args, model_runner):
 
     sa, model_config = server_args, model_runner.model_config
     memory = model_runner.build_memory(MemoryConfig.from_server_args(sa))
+    # Resolved first (it needs the pool sizes), so the tree's builder sees the backup in use.
+    retraction = resolve_decode_retraction(sa, model_config, memory.token_to_kv_pool,
+                                           memory.req_to_token_pool.max_context_len)
     memory.attach_tree_cache(create_tree_cache(TreeCacheBuildContext(
         req_to_token_pool=memory.req_to_token_pool,
         token_to_kv_pool_allocator=memory.allocator,
@@ -497,8 +500,6 @@ def _build_memory(server_args, model_runner):
         model_config=model_config,
         mamba_pool=memory.mamba_pool,
     )))
-    retraction = resolve_decode_retraction(sa, model_config, memory.token_to_kv_pool,
-                                           memory.req_to_token_pool.max_context_len)
     memory.attach_retraction_store(None if retraction is None else build_retraction_store(
         retraction, memory.token_to_kv_pool, memory.allocator, mamba_pool=memory.mamba_pool))
     return memory
