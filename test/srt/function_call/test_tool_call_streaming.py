@@ -70,6 +70,7 @@ def assemble(items):
             assert item["function"]["arguments"] == "" and item["function"]["name"]
             calls[index] = (item["id"], item["function"]["name"], [])
         else:
+            assert index == len(calls) - 1, "a call's fragments all come before the next call starts"
             assert set(item) == {"index", "function"} and set(item["function"]) == {"arguments"}
             assert item["function"]["arguments"]
             calls[index][2].append(item["function"]["arguments"])
@@ -110,6 +111,20 @@ def test_text_before_a_call_streams_before_the_call_ends():
     assert proc.delta('is", "days": 2') == [{"tool_calls": [{"index": 0, "function": {"arguments": 'is", "days": '}}]}]
     assert proc.delta("}}\n</tool_call>") == [{"tool_calls": [{"index": 0, "function": {"arguments": "2}"}}]}]
     assert proc.end() == [] and proc.has_tool_calls
+
+
+def test_a_call_is_complete_once_its_object_closes():
+    # the arguments' closing brace goes out with the call object's own, before the next call or the
+    # end; a call whose first arguments key is empty takes the one-shot's choice (the later key)
+    proc = choice(parser="mistral")
+    deltas = [d for piece in chunks('[TOOL_CALLS] [{"name": "search", "parameters": {"q": 1}', 4)
+              for d in proc.delta(piece)]
+    assert "".join(i["function"]["arguments"] for d in deltas for i in d["tool_calls"]) == '{"q": 1'
+    assert [d["tool_calls"][0]["function"] for d in proc.delta("}")] == [{"arguments": "}"}]
+    proc = choice(parser="mistral")
+    _, items = run_stream(proc, '[TOOL_CALLS] [{"name": "search", "parameters": {}, "arguments": {"q": 2}}', 3)
+    assert "".join(i["function"]["arguments"] for i in items) == '{"q": 2}'
+    assert proc.end() == []
 
 
 @pytest.mark.parametrize("size", [1, 4])

@@ -29,7 +29,7 @@ import logging
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from sglang.srt.function_call.core_types import StreamingParseResult, ToolCallItem
-from sglang.srt.function_call.json_stream import BracketScan, JsonCallStreamer, skip_ws
+from sglang.srt.function_call.json_stream import BracketScan, JsonCallStreamer, call_arguments, skip_ws
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +68,6 @@ def load_calls(text: str) -> Optional[List[dict]]:
     if all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
         return calls
     return None
-
-
-def call_arguments(call: dict) -> Any:
-    """A call's arguments: upstream reads `parameters`, else `arguments` (a JSON string of an
-    object is decoded)."""
-    args = call.get("parameters") or call.get("arguments") or {}
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            pass
-    return args
 
 
 def merge_call_items(items: List[ToolCallItem]) -> List[ToolCallItem]:

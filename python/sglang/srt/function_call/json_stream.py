@@ -24,15 +24,16 @@ JSON (`partial_json_parser`, not available here) and sends the newly-stable pref
 What was sent cannot be taken back: a call whose JSON turns out malformed after its name went
 out stays a started call (its region is then dropped, not given back as text), and arguments with
 a duplicated key (the one-shot parse keeps the last value) can differ from what was streamed; both
-are logged. The closing brace of the arguments is held until the call is complete, so a call that
-says `"parameters": {}` and then `"arguments": {...}` still streams what the one-shot parse gives.
+are logged. The closing brace of the arguments is held until the call object itself closes; then
+the rest of the call's one-shot arguments goes out (so a call that says `"parameters": {}` and then
+`"arguments": {...}` still streams what the one-shot parse gives), before any later call starts.
 """
 
 import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 from sglang.srt.function_call.core_types import ToolCallItem
 
@@ -40,6 +41,18 @@ logger = logging.getLogger(__name__)
 
 _SCALAR_CHARS = frozenset("0123456789+-.eEtrufalsnNIiy")  # numbers, true, false, null, NaN, Infinity
 _CLOSER = {"{": "}", "[": "]"}
+
+
+def call_arguments(call: dict) -> Any:
+    """A call's arguments: upstream reads `parameters`, else `arguments` (a JSON string of an
+    object is decoded)."""
+    args = call.get("parameters") or call.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    return args
 
 
 def skip_ws(text: str, i: int) -> int:
@@ -218,9 +231,10 @@ def stable_json_prefix(text: str, start: int) -> Tuple[str, bool]:
 @dataclass
 class PartialCall:
     """What is known so far of one call object: its complete "name" (None until then), where the
-    value of its first "parameters"/"arguments" key starts (-1: not yet), and the index just past
-    the object (-1 while open)."""
+    value of its first "parameters"/"arguments" key starts (-1: not yet), and the object's span
+    (`end` -1 while it is open)."""
 
+    start: int = -1
     name: Optional[str] = None
     args_start: int = -1
     end: int = -1
@@ -228,7 +242,7 @@ class PartialCall:
 
 def _scan_call(text: str, i: int) -> PartialCall:
     """The `PartialCall` of the object opening at `text[i]`; stops where the text ends or goes wrong."""
-    call = PartialCall()
+    call = PartialCall(start=i)
     i = skip_ws(text, i + 1)
     if i < len(text) and text[i] == "}":
         call.end = i + 1
@@ -289,6 +303,7 @@ def scan_partial_calls(text: str, start: int) -> List[PartialCall]:
 class _StreamedCall:
     tool_index: int
     sent: str = ""  # the arguments JSON sent so far
+    closed: bool = False  # the call object closed and its whole arguments went out
     args: Optional[StablePrefix] = None  # reads the arguments as they grow
 
 
@@ -347,17 +362,29 @@ class JsonCallStreamer:
                 items.append(ToolCallItem(tool_index=self.next_index, name=call.name, parameters=""))
                 self.next_index += 1
             state = self._calls[k]
-            if state is _SKIPPED or call.args_start < 0 or text[call.args_start] != "{":
+            if state is _SKIPPED or state.closed or call.args_start < 0 or text[call.args_start] != "{":
                 continue  # non-object arguments (a JSON string of them, null, ...) go out whole at the end
             if state.args is None:
                 state.args = StablePrefix(call.args_start)
             prefix, complete = state.args.update(text)
             if complete:
                 prefix = prefix[:-1]  # the closing brace waits for the whole call (see the module doc)
+                if call.end >= 0:
+                    prefix, state.closed = self._closed_arguments(text, call, state.sent)
             if len(prefix) > len(state.sent) and prefix.startswith(state.sent):
                 items.append(ToolCallItem(tool_index=state.tool_index, parameters=prefix[len(state.sent) :]))
                 state.sent = prefix
         return items
+
+    @staticmethod
+    def _closed_arguments(text: str, call: PartialCall, sent: str) -> Tuple[str, bool]:
+        """A call object that closed -> (its one-shot arguments JSON, True) when they continue what
+        was sent; else (what was sent, False), and `finish` decides."""
+        try:
+            args_json = json.dumps(call_arguments(json.loads(text[call.start : call.end])), ensure_ascii=False)
+        except ValueError:
+            return sent, False
+        return (args_json, True) if args_json.startswith(sent) else (sent, False)
 
     def finish(self, parsed: List[Tuple[str, str]], names: Set[str]) -> List[ToolCallItem]:
         """The region is complete and parsed into (name, arguments JSON) per call: items for what
