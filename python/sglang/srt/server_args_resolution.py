@@ -456,7 +456,7 @@ def run_resolution_pipeline(sa) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Decode retraction backup auto rule (reference 4.5), usable before the pool exists; the
-# scheduler's late resolution (`resolve_decode_retraction`) once it does
+# scheduler resolves it once the pools do (`managers/scheduler_memory.py`)
 # --------------------------------------------------------------------------------------------
 
 
@@ -496,32 +496,3 @@ def infer_decode_retraction_backup(sa, *, is_hybrid_ssm=None, is_pure_swa=None, 
     if is_hybrid_ssm is None or is_pure_swa is None:
         return None, "host_pool unless the model has SSM state or is pure sliding-window (model not inspected)"
     return "host_pool", "PD decode server whose KV pool supports a host backup"
-
-
-def resolve_decode_retraction(sa, model_config, device_pool, max_context_len: int):
-    """A PD decode server's retraction backup, resolved by the scheduler once its pools exist
-    (None on other servers: they recompute retracted requests). The default backend comes from
-    the model (`infer_decode_retraction_backup`), the default host-pool ratio from the device
-    pool's size; both are written back to `sa` (source "kv_cache_builder.decode_retraction", as
-    upstream) so /server_info shows what the server runs with. Returns the `RetractionConfig` the
-    store is built from, so `mem_cache/` never reads or writes `ServerArgs`."""
-    from sglang.srt.configs.runtime_config import RetractionConfig
-    from sglang.srt.mem_cache.host_pool import decode_retraction_hicache_ratio
-    from sglang.srt.mem_cache.registry import validate_host_pool_retraction
-
-    if sa.disaggregation_mode != "decode":
-        return None
-    backend, reason = infer_decode_retraction_backup(
-        sa, is_hybrid_ssm=model_config.is_hybrid_ssm, is_pure_swa=model_config.is_pure_swa
-    )
-    if sa.disaggregation_decode_retraction_backup is None:
-        sa.override("kv_cache_builder.decode_retraction", disaggregation_decode_retraction_backup=backend)
-    validate_host_pool_retraction(backend, model_config.is_hybrid_ssm, model_config.is_pure_swa,
-                                  sa.enable_mamba_host_pool_backup)
-    ratio = sa.hicache_ratio
-    if backend == "host_pool" and sa.raw_input().get("hicache_ratio") is None and not sa.hicache_size:
-        ratio = decode_retraction_hicache_ratio(max_context_len, device_pool.size, device_pool.page_size,
-                                                sa.disaggregation_decode_host_receive_threshold)
-        sa.override("kv_cache_builder.decode_retraction", hicache_ratio=ratio)
-    return RetractionConfig(backend=backend, reason=reason, hicache_ratio=ratio, hicache_size=sa.hicache_size,
-                            mamba_host_pool_slots=sa.mamba_host_pool_slots)

@@ -12,7 +12,7 @@ which slice:
   DisaggConfig   -> disaggregation/ (transfer backends, bootstrap, PD queues)
   RetractionConfig -> mem_cache/retraction_backup.py (a PD decode server's backup store); not a
                    plain slice: the scheduler resolves it once the pools exist
-                   (`server_args_resolution.resolve_decode_retraction`)
+                   (`managers/scheduler_memory.resolve_decode_retraction`)
 
 The scheduler reads `ServerArgs` itself (it is the one component that sees every concern).
 Importing this is cheap (no torch).

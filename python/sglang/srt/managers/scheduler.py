@@ -30,6 +30,7 @@ from sglang.srt.core.finish_reason import FINISH_ABORT
 from sglang.srt.core.req import Req
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, order_waiting_queue
+from sglang.srt.managers.scheduler_memory import build_memory
 from sglang.srt.managers.scheduler_intake import SchedulerIntakeMixin, running_timeout_s, waiting_timeout_s
 from sglang.srt.managers.scheduler_output import collect_outputs, record_logprobs
 from sglang.srt.managers.scheduler_stats import SchedulerStatsMixin
@@ -57,7 +58,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.model_runner = ModelRunner(model_config, sa, build_memory=False)  # loads the weights
         self.model_config = self.model_runner.model_config
         self.device = self.model_runner.device
-        self.memory = _build_memory(sa, self.model_runner)
+        self.memory = build_memory(sa, self.model_runner)
         self.model_runner.attach_memory(self.memory)
         self.page_size = self.memory.page_size
         self.max_total_num_tokens = self.memory.max_total_num_tokens
@@ -468,41 +469,6 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 req.output_token_ids_logprobs.append(list(zip(values, ids)))
 
         return out.next_token_ids.tolist(), attach
-
-
-def _build_memory(server_args, model_runner):
-    """The scheduler's MemoryManager: the pools for this model, then the radix tree over them
-    (the registry picks it from the CacheConfig slice) and, on a PD decode server, the store
-    that keeps retracted requests' KV."""
-    from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig
-    from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
-    from sglang.srt.mem_cache.retraction_backup import build_retraction_store
-    from sglang.srt.server_args_resolution import resolve_decode_retraction
-
-    sa, model_config = server_args, model_runner.model_config
-    memory = model_runner.build_memory(MemoryConfig.from_server_args(sa))
-    # Resolved first (it needs the pool sizes), so the tree's builder sees the backup in use.
-    retraction = resolve_decode_retraction(sa, model_config, memory.token_to_kv_pool,
-                                           memory.req_to_token_pool.max_context_len)
-    memory.attach_tree_cache(create_tree_cache(TreeCacheBuildContext(
-        req_to_token_pool=memory.req_to_token_pool,
-        token_to_kv_pool_allocator=memory.allocator,
-        cache_config=CacheConfig.from_server_args(sa),
-        server_args=sa,
-        page_size=memory.page_size,
-        is_hybrid_swa=memory.is_hybrid_swa,
-        sliding_window_size=model_config.sliding_window_size,
-        is_hybrid_ssm=model_config.is_hybrid_ssm,
-        disable_radix_cache=sa.disable_radix_cache,
-        enable_hierarchical_cache=sa.enable_hierarchical_cache,
-        eviction_policy=sa.radix_eviction_policy,
-        retraction_backup=sa.disaggregation_decode_retraction_backup,
-        model_config=model_config,
-        mamba_pool=memory.mamba_pool,
-    )))
-    memory.attach_retraction_store(None if retraction is None else build_retraction_store(
-        retraction, memory.token_to_kv_pool, memory.allocator, mamba_pool=memory.mamba_pool))
-    return memory
 
 
 def _build_grammar_manager(server_args, tokenizer, model_config, eos_token_ids):

@@ -129,7 +129,7 @@ class RetractionBackupStore:
 
 def build_retraction_store(config: RetractionConfig, device_pool, allocator, mamba_pool=None) -> RetractionBackupStore:
     """A PD decode server's store for `config`, a backend already resolved and checked by the
-    scheduler (`server_args_resolution.resolve_decode_retraction`): with `host_pool`, the host KV
+    scheduler (`managers/scheduler_memory.resolve_decode_retraction`): with `host_pool`, the host KV
     pool (and, for a hybrid SSM model, the host Mamba-state pool) sized from the device pools."""
     from sglang.srt.mem_cache.host_pool import HostKVPool, host_pool_num_tokens
 
