@@ -175,8 +175,11 @@ class DecodeRole(ServerRole):
         self._resume_retracted()
         if self.retracted_queue:
             return  # retracted requests come back before anything new is admitted
+        arrived: List[Req] = []
         for req in list(self.transfer_queue):
-            self.contain(req, lambda: self._pop_transferred(req), "decode")
+            self.contain(req, lambda: self._pop_transferred(req, arrived), "decode")
+        if arrived:
+            self.s.emit(arrived)  # streams' first tokens go out now, before the next decode forward
         for req in list(self.prealloc_queue):
             if self.contain(req, lambda: self._pre_alloc(req), "decode") == "stop":
                 break
@@ -246,7 +249,8 @@ class DecodeRole(ServerRole):
         req.prefix_indices = torch.empty(0, dtype=torch.int64)
         req.cache_protected_len = 0
 
-    def _pop_transferred(self, req: Req) -> None:
+    def _pop_transferred(self, req: Req, arrived: List[Req]) -> None:
+        """A request whose KV arrived joins the running batch (or finishes) and `arrived`."""
         state = req.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.transfer_queue)
@@ -278,7 +282,7 @@ class DecodeRole(ServerRole):
             self.s.memory.release(req)
         else:
             self.s.running_reqs.append(req)
-        self.s.emit([req])  # a stream's first token goes out now, before the next decode forward
+        arrived.append(req)
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:

@@ -133,7 +133,12 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.move_ready_grammar_requests()
         self.role.process()
         if self.send_outputs is not None and self.pending_outputs:
-            self.send_outputs(self.take_outputs())
+            early = self.take_outputs()
+            try:
+                self.send_outputs(early)
+            except Exception:
+                self.pending_outputs[:0] = early  # not lost: they go out with the step's outputs
+                raise
         try:
             batch = self.get_new_prefill_batch()
             if batch is not None:
