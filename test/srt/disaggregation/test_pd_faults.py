@@ -151,9 +151,12 @@ def _kill_tree(proc) -> None:
     """SIGKILL a server and its children at once (an OOM kill or a lost machine: no shutdown path)."""
     import psutil
 
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    for p in tree:
-        p.kill()
+    parent = psutil.Process(proc.pid)
+    for p in parent.children(recursive=True) + [parent]:  # children first: they die with the parent
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait(timeout=30)
 
 
@@ -174,12 +177,12 @@ def test_prefill_killed_mid_transfer(servers):
     with cf.ThreadPoolExecutor(2 * len(rooms)) as ex:
         dfuts = [ex.submit(requests.post, url(decode) + "/generate", json=body(r), timeout=120) for r in rooms]
         pfuts = [ex.submit(requests.post, url(prefill) + "/generate", json=body(r), timeout=120) for r in rooms]
-        deadline = time.time() + 60
-        while time.time() < deadline:  # until a request's KV is on its way and others still wait
-            d = state(prefill)["disaggregation"]
-            if d.get("num_inflight_queue_reqs", 0) + state(prefill)["num_running_reqs"] > 0:
-                break
-            time.sleep(0.005)
+        deadline, busy = time.time() + 60, False
+        while not busy and time.time() < deadline:  # until a request prefills or its KV is on its way
+            info = state(prefill)
+            busy = info["disaggregation"].get("num_inflight_queue_reqs", 0) + info["num_running_reqs"] > 0
+            time.sleep(0.01)
+        assert busy, "the prefill server never started on the requests"
         _kill_tree(procs["prefill"])
         procs["prefill"] = None
         t0 = time.time()
