@@ -128,12 +128,13 @@ def test_pack_linear_weight_layout():
         ops.pack_linear_weight(torch.randn(32, 16))
 
 
-@pytest.mark.parametrize("M", [1, 5, 12, 13, 25, 200])
+@pytest.mark.parametrize("M", [1, 2, 5, 12, 13, 16, 25, 200])
 @pytest.mark.parametrize("N,K", [(32, 1), (96, 33), (64, 64), (32, 577)])
 def test_linear_panels(isa, M, N, K):
-    """Weights packed in panels: whole 12-row register tiles and every tail, M past the 192-row
-    block, odd K (the last k alone), one and several panels; on kernel sets without AVX512-BF16
-    the plain loop over the same layout."""
+    """Weights packed in panels: whole register tiles and every tail (AVX512-BF16: 12 rows; AVX2:
+    the 6- and 5-row asm tiles, the C tiles of 3-4 rows and the one-pass tile of 1-2 rows), M past
+    the row block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the last k alone),
+    one and several panels; on other kernel sets the plain loop over the same layout."""
     g = torch.Generator().manual_seed(M * 31 + N + K)
     x = torch.randn(M, K, generator=g).bfloat16()
     w = torch.randn(N, K, generator=g).bfloat16()

@@ -152,37 +152,46 @@ at::Tensor pack_linear_weight(const at::Tensor& w) {
 }
 
 // ---- thread splits ------------------------------------------------------------------------------
+// x as the kernel set reads it for weights of type wt: bf16 rows in place where it multiplies bf16
+// (AVX512-BF16), else fp32 (bf16 -> fp32 is exact: the high half of the fp32 bits), converted into
+// `keep` with row stride K. Returns (fp32 rows or nullptr, bf16 rows or nullptr, their row stride).
+struct LinearInput {
+    const float* xf;
+    const bf16_t* xb;
+    int64_t ldx;
+};
+
+LinearInput linear_input(const Kernels& kt, WType wt, const void* x, DType xt, int64_t M, int64_t K, int64_t ldx,
+                         at::Tensor& keep) {
+    if (xt == DType::F32) return {static_cast<const float*>(x), nullptr, ldx};
+    if (kt.linear_reads_bf16(wt)) return {nullptr, static_cast<const bf16_t*>(x), ldx};
+    keep = at::empty({M * K}, at::TensorOptions().dtype(at::kFloat));
+    float* dst = keep.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+        const uint16_t* src = static_cast<const uint16_t*>(x) + m * ldx;
+        for (int64_t k = 0; k < K; ++k) {
+            const uint32_t u = static_cast<uint32_t>(src[k]) << 16;
+            std::memcpy(dst + m * K + k, &u, 4);
+        }
+    }
+    return {dst, nullptr, K};
+}
+
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
     const int64_t N = l.N, K = l.K;
     const auto& kt = kernels();
+    at::Tensor x32;
     if (l.wtype == WType::BF16_PANELS) {
         TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
-        LinearArgs a{nullptr, static_cast<const bf16_t*>(x), M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+        const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
+        LinearArgs a{in.xf, in.xb, M, K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                      nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
         // two panels (64 outputs) at least per thread, so small layers stay on one
         at::parallel_for(0, N / kPanel, 2, [&](int64_t p0, int64_t p1) { kt.linear_panels(a, p0, p1); });
         return;
     }
-    at::Tensor x32;
-    const float* xf = static_cast<const float*>(x);
-    const bf16_t* xb = nullptr;
-    if (xt == DType::BF16 && kt.linear_reads_bf16(l.wtype)) {
-        xb = static_cast<const bf16_t*>(x);
-        xf = nullptr;
-    } else if (xt == DType::BF16) {  // bf16 -> fp32 is exact: the high half of the fp32 bits
-        x32 = at::empty({M * K}, at::TensorOptions().dtype(at::kFloat));
-        float* dst = x32.data_ptr<float>();
-        for (int64_t m = 0; m < M; ++m) {
-            const uint16_t* src = static_cast<const uint16_t*>(x) + m * ldx;
-            for (int64_t k = 0; k < K; ++k) {
-                const uint32_t u = static_cast<uint32_t>(src[k]) << 16;
-                std::memcpy(dst + m * K + k, &u, 4);
-            }
-        }
-        xf = dst;
-        ldx = K;
-    }
-    LinearArgs a{xf, xb, M, K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+    const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
+    LinearArgs a{in.xf, in.xb, M, K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                  l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
                  l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
     // blocks of 24 output rows (whole register tiles on every ISA); a thread takes at least 3,
@@ -197,7 +206,9 @@ void run_linear_silu_mul(const LinearWeights& l, const void* x, DType xt, int64_
     const int64_t I = l.N / 2;
     if (l.wtype == WType::BF16_PANELS && I % kPanel == 0) {
         TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
-        LinearArgs a{nullptr, static_cast<const bf16_t*>(x), M, l.K, ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
+        at::Tensor x32;
+        const LinearInput in = linear_input(kernels(), l.wtype, x, xt, M, l.K, ldx, x32);
+        LinearArgs a{in.xf, in.xb, M, l.K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                      nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, I, xt};
         a.up_offset = I / kPanel;
         const auto& kt = kernels();  // a gate panel is two panels' work: one at least per thread

@@ -218,9 +218,11 @@ def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes
     assert _measure_in_a_fresh_process("0")["source"].startswith("measured")
 
 
-def test_bf16_weights_go_into_panels_on_avx512bf16_and_take_every_batch_size(monkeypatch, tmp_path):
-    """On the AVX512-BF16 kernel set a bf16 weight of 32k rows is packed in panels, its kernel
-    takes 1 row to prefill sizes (nothing to measure), and a weight of other rows keeps oneDNN."""
+@pytest.mark.parametrize("isa", ["avx512bf16", "avx2"])
+def test_bf16_weights_go_into_panels_and_take_every_batch_size(monkeypatch, tmp_path, isa):
+    """On the kernel sets with a panel kernel (AVX512-BF16, AVX2) a bf16 weight of 32k rows is
+    packed in panels, its kernel takes 1 row to prefill sizes (nothing to measure), and a weight
+    of other rows keeps oneDNN."""
     from torch import nn
 
     import sgl_kernel
@@ -228,11 +230,11 @@ def test_bf16_weights_go_into_panels_on_avx512bf16_and_take_every_batch_size(mon
     from sglang.srt.layers.linear import ReplicatedLinear, is_panel_weight, pack_linear_weights
     from sglang.srt.layers.linear_crossover import measure_small_m_rows
 
-    if "avx512bf16" not in sgl_kernel.supported_isas():
-        pytest.skip("needs a CPU with AVX512-BF16")
+    if isa not in sgl_kernel.supported_isas():
+        pytest.skip(f"needs a CPU with the {isa} kernel set")
     monkeypatch.delenv("SGLANG_CPU_SMALL_M_LINEAR", raising=False)
     monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
-    before = sgl_kernel.use_isa("avx512bf16")
+    before = sgl_kernel.use_isa(isa)
     try:
         g = torch.Generator().manual_seed(3)
         model = nn.Module()

@@ -70,11 +70,12 @@ def isa_name() -> str:
     return _sgl_kernel.isa() if available() else "torch"
 
 
-def linear_panels_native() -> bool:
+def linear_panels_enabled() -> bool:
     """Whether bf16 linear weights go into sgl-kernel's panel layout at load time (layers/linear.py
-    `pack_linear_weights`): on the AVX512-BF16 kernel set, unless SGLANG_CPU_LINEAR_PANELS=0
-    (then oneDNN's blocked copy, as on other CPUs)."""
-    return isa_name() == "avx512bf16" and os.environ.get("SGLANG_CPU_LINEAR_PANELS", "1") != "0"
+    `pack_linear_weights`): on the AVX512-BF16 kernel set (vdpbf16ps) and the AVX2 one (FMA, the
+    weights converted in registers), unless SGLANG_CPU_LINEAR_PANELS=0 (then oneDNN's blocked
+    copy, as on other CPUs)."""
+    return isa_name() in ("avx512bf16", "avx2") and os.environ.get("SGLANG_CPU_LINEAR_PANELS", "1") != "0"
 
 
 def library_path() -> Optional[Path]:

@@ -11,9 +11,11 @@ the plain row-major weight at decode batch sizes (benchmark/RESULTS.md). The pla
 (tied embeddings, weight inspection); the copy costs the linear weights' size once more, so the
 model runner skips packing when the copies would take over half of the available memory.
 
-bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch emulates
-them 4-7x slower than fp32): the packed copy is the weight upcast to fp32, and the activation is
-upcast per call. Both upcasts are exact, the kernel accumulates in fp32 and the result is rounded
+bf16 weights go instead into sgl-kernel's panels where it has a panel kernel (AVX512-BF16 and AVX2
+kernel sets; `pack_linear_weights`), which is as large as the weight and multiplies any rows.
+Elsewhere, bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch
+emulates them 4-7x slower than fp32), or with SGLANG_CPU_LINEAR_PANELS=0: the packed copy is the
+weight upcast to fp32, and the activation is upcast per call. Both upcasts are exact, the kernel accumulates in fp32 and the result is rounded
 to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized copy of the weights.
 """
 
@@ -157,10 +159,11 @@ def is_panel_weight(packed_weight: Optional[torch.Tensor]) -> bool:
 
 
 def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
-    """Gives each module with a `packed_weight` slot a packed copy of its 2-D weight: on a CPU
-    with AVX512-BF16, a bf16 weight whose rows are a multiple of 32 goes into sgl-kernel's panels
-    (`sgl_kernel.pack_linear_weight`; its kernel then takes every batch size, as fast as oneDNN
-    from 64 rows and faster below), any other weight into a oneDNN-blocked copy.
+    """Gives each module with a `packed_weight` slot a packed copy of its 2-D weight: where
+    sgl-kernel has a panel kernel (AVX512-BF16 and AVX2 kernel sets, `cpu_ops.linear_panels_enabled`),
+    a bf16 weight whose rows are a multiple of 32 goes into its panels (`sgl_kernel.pack_linear_weight`;
+    the kernel then takes every batch size, as fast as oneDNN from 64 rows and faster below), any
+    other weight into a oneDNN-blocked copy.
 
     Returns how many were packed (0 when the copies, counted at fp32 size, would exceed
     `max_bytes`: the layers keep using their plain weights). A bf16 weight that oneDNN cannot
@@ -169,7 +172,7 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     targets = cpu_linear_modules(model)
     if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
         return 0
-    panels = cpu_ops.linear_panels_native()
+    panels = cpu_ops.linear_panels_enabled()
     count = 0
     for module in targets:
         weight = module.weight.detach()
