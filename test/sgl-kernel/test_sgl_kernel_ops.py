@@ -122,26 +122,33 @@ def test_pack_linear_weight_layout():
     for p, q, c, e in [(0, 0, 0, 0), (0, 0, 0, 1), (1, 2, 31, 1), (1, 3, 5, 0), (0, 1, 17, 0)]:
         assert packed[p, q, 2 * c + e] == w[32 * p + c, 2 * q + e]
     assert (packed[:, 3, 1::2] == 0).all()
+    # fp32: panel p, row k holds w[32p + c, k] at c (no padding)
+    w32 = w.float()
+    packed32 = ops.pack_linear_weight(w32)
+    assert packed32.shape == (2, 7, 32) and packed32.dtype == torch.float32
+    assert torch.equal(packed32, w32.reshape(2, 32, 7).transpose(1, 2))
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.pack_linear_weight(torch.randn(48, 16).bfloat16())
-    with pytest.raises(RuntimeError, match="bf16"):
-        ops.pack_linear_weight(torch.randn(32, 16))
+    with pytest.raises(RuntimeError, match="bf16 or fp32"):
+        ops.pack_linear_weight(torch.randn(32, 16).half())
 
 
 @pytest.mark.parametrize("M", [1, 2, 5, 12, 13, 16, 25, 200])
 @pytest.mark.parametrize("N,K", [(32, 1), (96, 33), (64, 64), (32, 577)])
-def test_linear_panels(isa, M, N, K):
-    """Weights packed in panels: whole register tiles and every tail (AVX512-BF16: 12 rows; AVX2:
-    the 6- and 5-row asm tiles, the C tiles of 3-4 rows and the one-pass tile of 1-2 rows), M past
-    the row block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the last k alone),
-    one and several panels; on other kernel sets the plain loop over the same layout."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_panels(isa, M, N, K, dtype):
+    """Weights packed in panels, bf16 and fp32: whole register tiles and every tail (AVX512-BF16:
+    12 rows; AVX2: the 6- and 5-row asm tiles, the C tiles of 3-4 rows and the one-pass tile of 1-2
+    rows), M past the row block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the
+    last k alone), one and several panels; elsewhere the plain loop over the same layout."""
     g = torch.Generator().manual_seed(M * 31 + N + K)
-    x = torch.randn(M, K, generator=g).bfloat16()
-    w = torch.randn(N, K, generator=g).bfloat16()
-    bias = torch.randn(N, generator=g).bfloat16()
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    bias = torch.randn(N, generator=g).to(dtype)
     packed = ops.pack_linear_weight(w)
-    _close(ops.linear(x, packed, None, bias), F.linear(x.float(), w.float(), bias.float()).bfloat16(), torch.bfloat16)
-    _close(ops.linear(x, packed, None, None), F.linear(x.float(), w.float()).bfloat16(), torch.bfloat16)
+    tol = {} if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)  # fp32: a k-ordered sum of up to 577
+    _close(ops.linear(x, packed, None, bias), F.linear(x.float(), w.float(), bias.float()).to(dtype), dtype, **tol)
+    _close(ops.linear(x, packed, None, None), F.linear(x.float(), w.float()).to(dtype), dtype, **tol)
 
 
 def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
@@ -155,6 +162,11 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
         ops.linear(torch.randn(3, 40), packed, None, None)
     with pytest.raises(RuntimeError, match="panel weights"):
         ops.linear(torch.randn(3, 41).bfloat16(), packed, None, None)
+    packed32 = ops.pack_linear_weight(w.float())
+    with pytest.raises(RuntimeError, match="fp32 activations"):
+        ops.linear(torch.randn(3, 40).bfloat16(), packed32, None, None)
+    with pytest.raises(RuntimeError, match="panel weights"):
+        ops.linear(torch.randn(3, 41), packed32, None, None)
 
 
 @pytest.mark.parametrize("M", [1, 5, 6, 7, 13, 200])
@@ -163,8 +175,8 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
 def test_linear_silu_mul_is_silu_and_mul_of_linear(isa, M, I, K, packed):
     """linear_silu_mul(x, gate_up) is bit-identical to silu_and_mul(linear(x, gate_up)): over panel
     weights one pass (6-row gated tiles and every tail, M past the 192-row block, odd K, one and
-    several gate panels, a bias); I not a multiple of 32 (gate and up panels would straddle) and
-    plain weights take the two-op path."""
+    several gate panels, a bias; bf16 and fp32 panels); I not a multiple of 32 (gate and up panels
+    would straddle) and plain weights take the two-op path."""
     g = torch.Generator().manual_seed(M * 7 + I + K)
     x = torch.randn(M, K, generator=g).bfloat16()
     w = (torch.randn(2 * I, K, generator=g) / K ** 0.5 * 3).bfloat16()
@@ -181,6 +193,11 @@ def test_linear_silu_mul_is_silu_and_mul_of_linear(isa, M, I, K, packed):
                ops.silu_and_mul(F.linear(x.float(), w.float(), bias.float()).bfloat16()), torch.bfloat16)
     x32 = x.float()
     assert torch.equal(ops.linear_silu_mul(x32, w.float(), None, None), ops.silu_and_mul(ops.linear(x32, w.float(), None, None)))
+    if packed:  # fp32 panels: the same one pass
+        wt32 = ops.pack_linear_weight(w.float())
+        got = ops.linear_silu_mul(x32, wt32, None, bias.float())
+        assert torch.equal(got, ops.silu_and_mul(ops.linear(x32, wt32, None, bias.float())))
+        _close(got, ops.silu_and_mul(F.linear(x32, w.float(), bias.float())), torch.float32)
 
 
 def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)

@@ -14,15 +14,17 @@ using bf16_t = uint16_t;
 constexpr int64_t kPanel = 32;  // output features per panel of BF16_PANELS weights
 
 enum class DType : int { F32 = 0, BF16 = 1 };
-// BF16_PANELS: bf16 weights in pack_linear_weight's layout (panels_impl.h), for linear_panels.
-enum class WType : int { F32 = 0, BF16 = 1, I8 = 2, BF16_PANELS = 3 };
+// BF16_PANELS / F32_PANELS: bf16 / fp32 weights in pack_linear_weight's layouts (panels_impl.h),
+// for linear_panels.
+enum class WType : int { F32 = 0, BF16 = 1, I8 = 2, BF16_PANELS = 3, F32_PANELS = 4 };
+inline bool is_panels(WType t) { return t == WType::BF16_PANELS || t == WType::F32_PANELS; }
 
 struct LinearArgs {
     const float* x;      // [M, K] fp32 activations (row stride ldx), or nullptr
     const bf16_t* xb;    // [M, K] bf16 activations, or nullptr: read instead of x where
                          // linear_reads_bf16(wtype) (same row stride ldx)
     int64_t M, K, ldx;
-    const void* w;       // [N, K] weights, row stride ldw, of type wtype (BF16_PANELS: panels of
+    const void* w;       // [N, K] weights, row stride ldw, of type wtype (*_PANELS: panels of
     int64_t ldw;         // 32 rows, ldw elements apart)
     WType wtype;
     const float* w_scale;  // [N] per-row dequant scales (I8 only)
@@ -30,7 +32,7 @@ struct LinearArgs {
     void* y;             // [M, N] output of type ytype (row stride ldy)
     int64_t ldy;
     DType ytype;
-    // BF16_PANELS only, > 0: a gated MLP's gate_up, up rows `up_offset` panels after the gate's;
+    // *_PANELS only, > 0: a gated MLP's gate_up, up rows `up_offset` panels after the gate's;
     // y [M, ldy] = silu(x @ gate.T) * (x @ up.T) over the gate panels, each product rounded to
     // ytype first as the unfused linear then silu_and_mul rounds it.
     int64_t up_offset = 0;

@@ -251,7 +251,7 @@ constexpr bool kBf16Dot = false;
 #endif
 
 // Whether this ISA's kernel reads bf16 activations as they are: bf16 or int8 weights on AVX512-BF16.
-inline bool reads_bf16(WType wt) { return kBf16Dot && wt != WType::F32; }
+inline bool reads_bf16(WType wt) { return kBf16Dot && wt != WType::F32 && wt != WType::F32_PANELS; }
 inline bool dot_bf16(const LinearArgs& a) { return a.xb && reads_bf16(a.wtype); }
 
 template <typename T> constexpr bool kIsF32 = false;

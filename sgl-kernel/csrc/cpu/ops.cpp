@@ -108,10 +108,13 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
     check_cpu(w, op);
     LinearWeights l{&w, WType::BF16_PANELS, {}, {}, w.size(0) * kPanel, K};
     if (w.dim() == 3) {
-        TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.size(1) == (K + 1) / 2 &&
-                        w.size(2) == 2 * kPanel && !(scale.has_value() && scale->defined()),
-                    op, ": panel weights must be pack_linear_weight's [N / 32, ", (K + 1) / 2, ", 64] bf16, got ",
-                    w.sizes(), " ", w.scalar_type());
+        const bool f32 = w.scalar_type() == at::kFloat;
+        l.wtype = f32 ? WType::F32_PANELS : WType::BF16_PANELS;
+        TORCH_CHECK((f32 || w.scalar_type() == at::kBFloat16) && w.is_contiguous() &&
+                        w.size(1) == (f32 ? K : (K + 1) / 2) && w.size(2) == (f32 ? kPanel : 2 * kPanel) &&
+                        !(scale.has_value() && scale->defined()),
+                    op, ": panel weights must be pack_linear_weight's [N / 32, ", (K + 1) / 2, ", 64] bf16 or [N / 32, ",
+                    K, ", 32] fp32, got ", w.sizes(), " ", w.scalar_type());
     } else {
         TORCH_CHECK(w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K, op, ": w must be [N, ", K,
                     "] with dense rows, got ", w.sizes());
@@ -130,15 +133,29 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
     return l;
 }
 
-// A bf16 weight [N, K] (N a multiple of 32) in the panel layout of panels_impl.h:
-// [N / 32, ceil(K / 2), 64], panel p, pair q holding w[32p + c, 2q + e] at 2c + e, zero past K.
+// A weight [N, K] (N a multiple of 32) in the panel layout of panels_impl.h: bf16
+// [N / 32, ceil(K / 2), 64], panel p, pair q holding w[32p + c, 2q + e] at 2c + e, zero past K;
+// fp32 [N / 32, K, 32], panel p, row k holding w[32p + c, k] at c.
 at::Tensor pack_linear_weight(const at::Tensor& w) {
     check_cpu(w, "w");
-    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.size(0) % kPanel == 0,
-                "sgl_kernel.pack_linear_weight: w must be bf16 [N, K] with N a multiple of ", kPanel, ", got ",
-                w.sizes(), " ", w.scalar_type());
+    const bool f32 = w.scalar_type() == at::kFloat;
+    TORCH_CHECK(w.dim() == 2 && (f32 || w.scalar_type() == at::kBFloat16) && w.size(0) % kPanel == 0,
+                "sgl_kernel.pack_linear_weight: w must be bf16 or fp32 [N, K] with N a multiple of ", kPanel,
+                ", got ", w.sizes(), " ", w.scalar_type());
     const at::Tensor wc = w.contiguous();
     const int64_t N = w.size(0), K = w.size(1), pairs = (K + 1) / 2;
+    if (f32) {
+        at::Tensor out = at::empty({N / kPanel, K, kPanel}, w.options());
+        const float* src = wc.data_ptr<float>();
+        float* dst = out.data_ptr<float>();
+        at::parallel_for(0, N / kPanel, 1, [&](int64_t p0, int64_t p1) {
+            for (int64_t p = p0; p < p1; ++p)
+                for (int64_t k = 0; k < K; ++k)
+                    for (int64_t c = 0; c < kPanel; ++c)
+                        dst[(p * K + k) * kPanel + c] = src[(p * kPanel + c) * K + k];
+        });
+        return out;
+    }
     at::Tensor out = at::zeros({N / kPanel, pairs, 2 * kPanel}, w.options());
     const uint16_t* src = reinterpret_cast<const uint16_t*>(wc.data_ptr());
     uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
@@ -177,12 +194,18 @@ LinearInput linear_input(const Kernels& kt, WType wt, const void* x, DType xt, i
     return {dst, nullptr, K};
 }
 
+void check_panel_activations(const LinearWeights& l, DType xt) {
+    const bool f32 = l.wtype == WType::F32_PANELS;
+    TORCH_CHECK(xt == (f32 ? DType::F32 : DType::BF16), "sgl_kernel.linear: panel weights multiply ",
+                f32 ? "fp32" : "bf16", " activations");
+}
+
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
     const int64_t N = l.N, K = l.K;
     const auto& kt = kernels();
     at::Tensor x32;
-    if (l.wtype == WType::BF16_PANELS) {
-        TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
+    if (is_panels(l.wtype)) {
+        check_panel_activations(l, xt);
         const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
         LinearArgs a{in.xf, in.xb, M, K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                      nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
@@ -204,8 +227,8 @@ void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int6
 void run_linear_silu_mul(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y) {
     TORCH_CHECK(l.N % 2 == 0, "sgl_kernel.linear_silu_mul: gate_up must have an even number of rows");
     const int64_t I = l.N / 2;
-    if (l.wtype == WType::BF16_PANELS && I % kPanel == 0) {
-        TORCH_CHECK(xt == DType::BF16, "sgl_kernel.linear: panel weights multiply bf16 activations");
+    if (is_panels(l.wtype) && I % kPanel == 0) {
+        check_panel_activations(l, xt);
         at::Tensor x32;
         const LinearInput in = linear_input(kernels(), l.wtype, x, xt, M, l.K, ldx, x32);
         LinearArgs a{in.xf, in.xb, M, l.K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,

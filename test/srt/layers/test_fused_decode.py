@@ -110,6 +110,7 @@ def test_fused_layer_equals_the_per_op_path(model_dirs, poisoned, monkeypatch, i
 def test_fused_layer_steps_aside_for_batches_beyond_the_small_m_kernel(tmp_path, monkeypatch):
     # the crossover fixed (measured, it may be 0 rows on a loaded machine, and then nothing is fused)
     monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "2")
+    monkeypatch.setenv("SGLANG_CPU_LINEAR_PANELS", "0")  # plain weights: panels take any rows (below)
     runner = _runner(make_tiny_model(str(tmp_path / "llama"), "llama", seed=4))
     _, _, ran = _decode_trace(runner, [random_prompt(8, seed=1)], 2)
     assert ran
@@ -117,3 +118,14 @@ def test_fused_layer_steps_aside_for_batches_beyond_the_small_m_kernel(tmp_path,
     rows = cpu_ops.linear_max_rows(torch.float32) + 1
     _, _, ran = _decode_trace(runner, [random_prompt(8, seed=i) for i in range(rows)], 2)
     assert not ran
+
+
+def test_fused_layer_takes_any_batch_over_panel_weights(tmp_path, monkeypatch):
+    """Where the weights are packed in panels (fp32 and bf16 on the AVX2 kernel set, bf16 on
+    AVX512-BF16), the fused layer runs beyond the small-M kernel's rows too."""
+    monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "2")
+    if not cpu_ops.linear_panels_enabled(torch.float32):
+        pytest.skip(f"no fp32 panel kernel on the {cpu_ops.isa_name()} kernel set")
+    runner = _runner(make_tiny_model(str(tmp_path / "llama"), "llama", seed=4))
+    _, _, ran = _decode_trace(runner, [random_prompt(8, seed=i) for i in range(5)], 2)
+    assert ran

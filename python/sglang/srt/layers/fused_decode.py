@@ -11,8 +11,8 @@ or None when the layer or the batch is outside what the op covers, and the layer
 modules. Covered: a decode batch on CPU with sgl-kernel loaded, the torch-native attention
 backend over a plain KV pool in the activations' dtype (not a hybrid SWA pool), and rows within
 the small-M linear's range (`cpu_ops.linear_max_rows`) for every linear of the layer, with
-weights in the activations' dtype or int8 (`--quantization w8a16_int8`); bf16 weights packed in
-panels (AVX512-BF16 CPUs, layers/linear.py) at any rows.
+weights in the activations' dtype or int8 (`--quantization w8a16_int8`); weights packed in panels
+(layers/linear.py `pack_linear_weights`) at any rows.
 `SGLANG_CPU_FUSED_DECODE=0` turns it off.
 """
 
@@ -44,7 +44,7 @@ def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     bias = None if linear.bias is None else linear.bias.float()
     if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
         return linear.int8_weight[0], linear.int8_weight[1], bias
-    if is_panel_weight(linear.packed_weight) and dtype == torch.bfloat16:
+    if is_panel_weight(linear.packed_weight) and linear.packed_weight.dtype == dtype:
         return linear.packed_weight, None, bias
     if linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
         return linear.weight, None, bias

@@ -11,8 +11,9 @@ the plain row-major weight at decode batch sizes (benchmark/RESULTS.md). The pla
 (tied embeddings, weight inspection); the copy costs the linear weights' size once more, so the
 model runner skips packing when the copies would take over half of the available memory.
 
-bf16 weights go instead into sgl-kernel's panels where it has a panel kernel (AVX512-BF16 and AVX2
-kernel sets; `pack_linear_weights`), which is as large as the weight and multiplies any rows.
+Weights go instead into sgl-kernel's panels where it has a panel kernel for their dtype (bf16:
+AVX512-BF16 and AVX2 kernel sets; fp32: AVX2; `pack_linear_weights`), a copy as large as the
+weight that the kernel multiplies at any rows.
 Elsewhere, bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch
 emulates them 4-7x slower than fp32), or with SGLANG_CPU_LINEAR_PANELS=0: the packed copy is the
 weight upcast to fp32, and the activation is upcast per call. Both upcasts are exact, the kernel accumulates in fp32 and the result is rounded
@@ -124,7 +125,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 def _takes_panels(x: torch.Tensor, packed_weight: Optional[torch.Tensor],
                   int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Whether `linear` multiplies x by the weight's panels (int8 weights go first, for few rows)."""
-    if not (is_panel_weight(packed_weight) and x.dtype == torch.bfloat16 and cpu_ops.enabled(x) and x.numel()):
+    if not (is_panel_weight(packed_weight) and x.dtype == packed_weight.dtype and cpu_ops.enabled(x) and x.numel()):
         return False
     return int8_weight is None or x.numel() // x.shape[-1] > cpu_ops.linear_max_rows(torch.int8)
 
@@ -160,10 +161,10 @@ def is_panel_weight(packed_weight: Optional[torch.Tensor]) -> bool:
 
 def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
     """Gives each module with a `packed_weight` slot a packed copy of its 2-D weight: where
-    sgl-kernel has a panel kernel (AVX512-BF16 and AVX2 kernel sets, `cpu_ops.linear_panels_enabled`),
-    a bf16 weight whose rows are a multiple of 32 goes into its panels (`sgl_kernel.pack_linear_weight`;
-    the kernel then takes every batch size, as fast as oneDNN from 64 rows and faster below), any
-    other weight into a oneDNN-blocked copy.
+    sgl-kernel has a panel kernel for the weight's dtype (`cpu_ops.linear_panels_enabled`: bf16 on
+    the AVX512-BF16 and AVX2 kernel sets, fp32 on AVX2), a weight whose rows are a multiple of 32
+    goes into its panels (`sgl_kernel.pack_linear_weight`; the kernel then takes every batch size,
+    as fast as oneDNN from 64 rows and faster below), any other weight into a oneDNN-blocked copy.
 
     Returns how many were packed (0 when the copies, counted at fp32 size, would exceed
     `max_bytes`: the layers keep using their plain weights). A bf16 weight that oneDNN cannot
@@ -172,11 +173,11 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     targets = cpu_linear_modules(model)
     if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
         return 0
-    panels = cpu_ops.linear_panels_enabled()
+    panels = {dtype for dtype in (torch.bfloat16, torch.float32) if cpu_ops.linear_panels_enabled(dtype)}
     count = 0
     for module in targets:
         weight = module.weight.detach()
-        if panels and weight.dtype == torch.bfloat16 and weight.shape[0] % 32 == 0:
+        if weight.dtype in panels and weight.shape[0] % 32 == 0:
             module.packed_weight = torch.ops.sgl_kernel.pack_linear_weight(weight)
             count += 1
             continue
