@@ -68,18 +68,18 @@ constexpr int64_t kPairElems = 2 * kPanel;  // a pair row, either type
     "vmovups 128(%[w2]), %%ymm13\n\t"
 #define SGLK_F32_STEP "256"
 #define SGLK_PAIR_LOOP(ROWS, K0, K1, STEP)                                            \
-    "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                              \
-    "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                              \
-    "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                              \
-    "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                              \
-    "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                              \
-    "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                              \
-    "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                              \
-    "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                              \
-    "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                              \
-    "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                              \
-    "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                           \
-    "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"                                           \
+    "vmovups 0(%[out]), %%ymm0\n\t"                                                  \
+    "vmovups 32(%[out]), %%ymm1\n\t"                                                 \
+    "vmovups 64(%[out]), %%ymm2\n\t"                                                 \
+    "vmovups 96(%[out]), %%ymm3\n\t"                                                 \
+    "vmovups 128(%[out]), %%ymm4\n\t"                                                \
+    "vmovups 160(%[out]), %%ymm5\n\t"                                                \
+    "vmovups 192(%[out]), %%ymm6\n\t"                                                \
+    "vmovups 224(%[out]), %%ymm7\n\t"                                                \
+    "vmovups 256(%[out]), %%ymm8\n\t"                                                \
+    "vmovups 288(%[out]), %%ymm9\n\t"                                                \
+    "vmovups 320(%[out]), %%ymm10\n\t"                                               \
+    "vmovups 352(%[out]), %%ymm11\n\t"                                               \
     "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"                                          \
     "vpslld $16, %%ymm15, %%ymm15\n\t" /* the bf16 k + 1 mask, 0xffff0000 */        \
     "1:\n\t"                                                                        \
@@ -107,9 +107,9 @@ constexpr int64_t kPairElems = 2 * kPanel;  // a pair row, either type
     "vmovups %%ymm10, 320(%[out])\n\t"                                              \
     "vmovups %%ymm11, 352(%[out])\n\t"
 
-// out[0][r] = sum over pairs p < n of the (k = 2p, 2p + 1) products of row r of x with the 8
+// out[0][r] += sum over pairs p < n of the (k = 2p, 2p + 1) products of row r of x with the 8
 // features at w, out[1][r] the same with w2 (R = 5 or 6 rows; out is [2][6] vectors, rows past
-// R unspecified); pf and pf2 advance by pf_step a pair, one prefetch each. n >= 1.
+// R scratch); pf and pf2 advance by pf_step a pair, one prefetch each. n >= 1.
 template <typename TW, int R>
 inline void pair_loop(__m256 (&out)[2][6], const TW* w, const TW* w2, const float* x, int64_t ldx, int64_t n,
                       const char* pf, const char* pf2, int64_t pf_step) {
@@ -161,7 +161,7 @@ inline void last_k(__m256 (&c0)[R], __m256 (&c1)[R], const TW* w, const TW* w2, 
 }
 
 // Features f0 .. f0 + 15 (GATED: f0 .. f0 + 7 and their up features) of panel `panel` for rows
-// [m0, m0 + R). Sub-pass SUB of SUBS prefetches its 1/SUBS of the tile's share of the next panel
+// [m0, m0 + R), R = 3 or 4 (C). Sub-pass SUB of SUBS prefetches its 1/SUBS of the tile's share of the next panel
 // (`pf`, pf_step bytes a pair; GATED: and of the next up panel).
 template <typename TY, typename TW, int R, bool GATED, int SUB, int SUBS>
 void panel_sub(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
@@ -176,36 +176,24 @@ void panel_sub(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, i
     if (pf) pf += SUB * pairs * sub_step;
     __m256 c0[R], c1[R];
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-    if constexpr (R >= 5) {
-        if (pairs > 0) {
-            const char* p1 = pf ? pf : reinterpret_cast<const char*>(w);
-            __m256 out[2][6];
-            pair_loop<TW, R>(out, w, w2, x, ldx, pairs, p1, p1 + up_bytes, pf ? sub_step : 0);
-            for (int r = 0; r < R; ++r) {
-                c0[r] = out[0][r];
-                c1[r] = out[1][r];
-            }
+    for (int64_t p = 0; p < pairs; ++p) {
+        if (pf) {
+            __builtin_prefetch(pf + p * sub_step, 0, 2);
+            if constexpr (GATED) __builtin_prefetch(pf + up_bytes + p * sub_step, 0, 2);
         }
-    } else {
-        for (int64_t p = 0; p < pairs; ++p) {
-            if (pf) {
-                __builtin_prefetch(pf + p * sub_step, 0, 2);
-                if constexpr (GATED) __builtin_prefetch(pf + up_bytes + p * sub_step, 0, 2);
-            }
-            const TW* wa = w + p * kPairElems;
-            const TW* wb = w2 + p * kPairElems;
-            const __m256 a0 = PanelW<TW>::k0(wa), b0 = PanelW<TW>::k0(wb);
-            for (int r = 0; r < R; ++r) {
-                const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p);
-                c0[r] = _mm256_fmadd_ps(xv, a0, c0[r]);
-                c1[r] = _mm256_fmadd_ps(xv, b0, c1[r]);
-            }
-            const __m256 a1 = PanelW<TW>::k1(wa), b1 = PanelW<TW>::k1(wb);
-            for (int r = 0; r < R; ++r) {
-                const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p + 1);
-                c0[r] = _mm256_fmadd_ps(xv, a1, c0[r]);
-                c1[r] = _mm256_fmadd_ps(xv, b1, c1[r]);
-            }
+        const TW* wa = w + p * kPairElems;
+        const TW* wb = w2 + p * kPairElems;
+        const __m256 a0 = PanelW<TW>::k0(wa), b0 = PanelW<TW>::k0(wb);
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p);
+            c0[r] = _mm256_fmadd_ps(xv, a0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(xv, b0, c1[r]);
+        }
+        const __m256 a1 = PanelW<TW>::k1(wa), b1 = PanelW<TW>::k1(wb);
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p + 1);
+            c0[r] = _mm256_fmadd_ps(xv, a1, c0[r]);
+            c1[r] = _mm256_fmadd_ps(xv, b1, c1[r]);
         }
     }
     if (a.K & 1) last_k<TW, R>(c0, c1, w, w2, x, ldx, a.K);
@@ -236,14 +224,7 @@ void panel_narrow(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf
         for (auto& row : h)
             for (auto& v : row) v = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-        if (pf) {
-            __builtin_prefetch(pf + p * pf_step, 0, 2);
-            if (pf_step > 64) __builtin_prefetch(pf + p * pf_step + 64, 0, 2);
-            if constexpr (GATED) {
-                __builtin_prefetch(pf + up_bytes + p * pf_step, 0, 2);
-                if (pf_step > 64) __builtin_prefetch(pf + up_bytes + p * pf_step + 64, 0, 2);
-            }
-        }
+        if (pf) prefetch_share<GATED>(pf + p * pf_step, pf_step, up_bytes);
         __m256 x0[R], x1[R];
         for (int r = 0; r < R; ++r) {
             x0[r] = _mm256_broadcast_ss(x + r * ldx + 2 * p);
@@ -277,10 +258,64 @@ void panel_narrow(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf
         }
 }
 
+// 5 or 6 rows, all SUBS sub-passes of the panel, in blocks of kBlockPairs k pairs: a block's
+// rows of the panel (GATED: and its up panel; at most 16 KB) stay in L1 through the sub-passes,
+// which each read a 32- or 64-byte part of every line (read k by k through the whole K, the lines
+// of an fp32 gated pass came from L2 twice: L2-bound). The accumulators go to memory between
+// blocks; the sums keep their k order.
+constexpr int64_t kBlockPairs = 32;
+
+template <typename TY, typename TW, int R, bool GATED>
+void panel_tile_blocked(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
+    constexpr int SUBS = GATED ? kGatedSubPasses : kSubPasses;
+    constexpr int64_t fe = PanelW<TW>::kPerFeature;
+    const int64_t up_bytes = GATED ? a.up_offset * a.ldw * static_cast<int64_t>(sizeof(TW)) : 0;
+    const float* x = a.x + m0 * a.ldx;
+    const int64_t ldx = a.ldx, pairs = a.K / 2;
+    const int64_t sub_step = (pf_step + SUBS - 1) / SUBS;  // a sub-pass prefetches 1/SUBS of the share
+    const TW* w[SUBS];
+    const TW* w2[SUBS];
+    for (int s = 0; s < SUBS; ++s) {
+        w[s] = static_cast<const TW*>(a.w) + panel * a.ldw + fe * s * (kPanel / SUBS);
+        w2[s] = GATED ? w[s] + a.up_offset * a.ldw : w[s] + fe * VL;
+    }
+    __m256 acc[SUBS][2][6];
+    for (auto& sub : acc)
+        for (auto& half : sub)
+            for (auto& v : half) v = _mm256_setzero_ps();
+    for (int64_t p0 = 0; p0 < pairs; p0 += kBlockPairs) {
+        const int64_t n = imin_(kBlockPairs, pairs - p0);
+        for (int s = 0; s < SUBS; ++s) {
+            const char* p1 = pf ? pf + (s * pairs + p0) * sub_step : reinterpret_cast<const char*>(w[s]);
+            pair_loop<TW, R>(acc[s], w[s] + p0 * kPairElems, w2[s] + p0 * kPairElems, x + 2 * p0, ldx, n, p1,
+                             p1 + up_bytes, pf ? sub_step : 0);
+        }
+    }
+    for (int s = 0; s < SUBS; ++s) {
+        __m256 c0[R], c1[R];
+        for (int r = 0; r < R; ++r) {
+            c0[r] = acc[s][0][r];
+            c1[r] = acc[s][1][r];
+        }
+        if (a.K & 1) last_k<TW, R>(c0, c1, w[s], w2[s], x, ldx, a.K);
+        const int64_t f0 = s * (kPanel / SUBS);
+        for (int r = 0; r < R; ++r) {
+            if constexpr (GATED) {
+                gated_store<TY>(a, m0 + r, panel, f0, vf(c0[r]), vf(c1[r]));
+            } else {
+                panel_store<TY>(a, m0 + r, panel * kPanel, f0, vf(c0[r]));
+                panel_store<TY>(a, m0 + r, panel * kPanel, f0 + VL, vf(c1[r]));
+            }
+        }
+    }
+}
+
 template <typename TY, typename TW, int R, bool GATED>
 void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
     if constexpr (R <= 2) {
         panel_narrow<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
+    } else if constexpr (R >= 5) {
+        panel_tile_blocked<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
     } else if constexpr (GATED) {
         panel_sub<TY, TW, R, true, 0, kGatedSubPasses>(a, m0, panel, pf, pf_step);
         panel_sub<TY, TW, R, true, 1, kGatedSubPasses>(a, m0, panel, pf, pf_step);

@@ -38,6 +38,18 @@ inline void gated_store(const LinearArgs& a, int64_t m, int64_t panel, int64_t j
     vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + panel * kPanel + j, vrnd<TY>(g / (1.0f + vexp(-g))) * u);
 }
 
+// Into L2: the `step` bytes at pf (a k pair's share of the next panel), GATED: and at pf + up_bytes
+// (of the next up panel).
+template <bool GATED>
+inline void prefetch_share(const char* pf, int64_t step, int64_t up_bytes) {
+    __builtin_prefetch(pf, 0, 2);
+    if (step > 64) __builtin_prefetch(pf + 64, 0, 2);
+    if constexpr (GATED) {
+        __builtin_prefetch(pf + up_bytes, 0, 2);
+        if (step > 64) __builtin_prefetch(pf + up_bytes + 64, 0, 2);
+    }
+}
+
 #if SGLK_BF16_DOT
 inline vh2 pair_splat(const bf16_t* p) {  // (p[0], p[1]) in every 32-bit lane
     uint32_t u;
@@ -68,14 +80,7 @@ void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, 
             u0 = *reinterpret_cast<const vh2*>(wu + p * 64);
             u1 = *reinterpret_cast<const vh2*>(wu + p * 64 + 32);
         }
-        if (pf) {
-            __builtin_prefetch(pf + p * pf_step, 0, 2);
-            if (pf_step > 64) __builtin_prefetch(pf + p * pf_step + 64, 0, 2);
-            if constexpr (GATED) {
-                __builtin_prefetch(pf + up_bytes + p * pf_step, 0, 2);
-                if (pf_step > 64) __builtin_prefetch(pf + up_bytes + p * pf_step + 64, 0, 2);
-            }
-        }
+        if (pf) prefetch_share<GATED>(pf + p * pf_step, pf_step, up_bytes);
 #pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
             const vh2 xv = pair_splat(x + r * a.ldx + 2 * p);
