@@ -35,9 +35,9 @@ at::Tensor as_rows(const at::Tensor& t, const char* what);  // [rows, last], las
 int64_t longest_visible(const at::Tensor& req_to_token, const int64_t* rows, const int64_t* lens, int64_t B,
                         int64_t window, const char* op);
 
-// A linear layer's weight [N, K] (fp32, bf16, or int8 with per-row scales; or bf16 packed in
-// panels by pack_linear_weight: [N / 32, ceil(K / 2), 64]) and bias, checked, the scales and bias
-// as the fp32 the kernel reads. `op` names the caller in errors.
+// A linear layer's weight [N, K] (fp32, bf16, or int8 with per-row scales; or packed in panels by
+// pack_linear_weight: bf16 [N / 32, ceil(K / 2), 64], fp32 [N / 32, K, 32]) and bias, checked, the
+// scales and bias as the fp32 the kernel reads. `op` names the caller in errors. (linear_ops.cpp)
 struct LinearWeights {
     const at::Tensor* w;
     WType wtype;
@@ -45,13 +45,17 @@ struct LinearWeights {
     int64_t N, K;            // output and input features
 };
 at::Tensor pack_linear_weight(const at::Tensor& w);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
+                  const c10::optional<at::Tensor>& bias);
+at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
+                           const c10::optional<at::Tensor>& bias);
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                              const c10::optional<at::Tensor>& bias, int64_t K, const char* op);
 
 // The thread splits. `a` is complete except for the fields each launcher documents.
 // y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
 // ldx); bf16 x is read as it is where the kernels multiply bf16 pairs (AVX512-BF16), else copied
-// to fp32 first (exactly). Panel weights need bf16 x and split by panels of 32 outputs.
+// to fp32 first (exactly). Panel weights need x of their dtype and split by panels of 32 outputs.
 void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt);
 // silu(x @ gate.T) * (x @ up.T) into y [M, N / 2] (dtype xt) for a gate_up weight (gate rows
 // first): panel weights in one pass that never stores the products, else run_linear into a
