@@ -160,6 +160,22 @@ inline void last_k(__m256 (&c0)[R], __m256 (&c1)[R], const TW* w, const TW* w2, 
     }
 }
 
+// A sub-pass's end: the odd last k, then the outputs (bias; GATED: silu(gate) * up) of rows
+// [m0, m0 + R), features f0 .. f0 + 15 (GATED: f0 .. f0 + 7).
+template <typename TY, typename TW, int R, bool GATED>
+inline void finish_sub(const LinearArgs& a, int64_t m0, int64_t panel, int64_t f0, __m256 (&c0)[R],
+                       __m256 (&c1)[R], const TW* w, const TW* w2, const float* x) {
+    if (a.K & 1) last_k<TW, R>(c0, c1, w, w2, x, a.ldx, a.K);
+    for (int r = 0; r < R; ++r) {
+        if constexpr (GATED) {
+            gated_store<TY>(a, m0 + r, panel, f0, vf(c0[r]), vf(c1[r]));
+        } else {
+            panel_store<TY>(a, m0 + r, panel * kPanel, f0, vf(c0[r]));
+            panel_store<TY>(a, m0 + r, panel * kPanel, f0 + VL, vf(c1[r]));
+        }
+    }
+}
+
 // Features f0 .. f0 + 15 (GATED: f0 .. f0 + 7 and their up features) of panel `panel` for rows
 // [m0, m0 + R), R = 3 or 4 (C). Sub-pass SUB of SUBS prefetches its 1/SUBS of the tile's share of the next panel
 // (`pf`, pf_step bytes a pair; GATED: and of the next up panel).
@@ -196,15 +212,7 @@ void panel_sub(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, i
             c1[r] = _mm256_fmadd_ps(xv, b1, c1[r]);
         }
     }
-    if (a.K & 1) last_k<TW, R>(c0, c1, w, w2, x, ldx, a.K);
-    for (int r = 0; r < R; ++r) {
-        if constexpr (GATED) {
-            gated_store<TY>(a, m0 + r, panel, f0, vf(c0[r]), vf(c1[r]));
-        } else {
-            panel_store<TY>(a, m0 + r, panel * kPanel, f0, vf(c0[r]));
-            panel_store<TY>(a, m0 + r, panel * kPanel, f0 + VL, vf(c1[r]));
-        }
-    }
+    finish_sub<TY, TW, R, GATED>(a, m0, panel, f0, c0, c1, w, w2, x);
 }
 
 // 1 or 2 rows: the whole panel (GATED: and its up panel) in one pass, each pair row read once, in
@@ -297,16 +305,7 @@ void panel_tile_blocked(const LinearArgs& a, int64_t m0, int64_t panel, const ch
             c0[r] = acc[s][0][r];
             c1[r] = acc[s][1][r];
         }
-        if (a.K & 1) last_k<TW, R>(c0, c1, w[s], w2[s], x, ldx, a.K);
-        const int64_t f0 = s * (kPanel / SUBS);
-        for (int r = 0; r < R; ++r) {
-            if constexpr (GATED) {
-                gated_store<TY>(a, m0 + r, panel, f0, vf(c0[r]), vf(c1[r]));
-            } else {
-                panel_store<TY>(a, m0 + r, panel * kPanel, f0, vf(c0[r]));
-                panel_store<TY>(a, m0 + r, panel * kPanel, f0 + VL, vf(c1[r]));
-            }
-        }
+        finish_sub<TY, TW, R, GATED>(a, m0, panel, s * (kPanel / SUBS), c0, c1, w[s], w2[s], x);
     }
 }
 
