@@ -133,14 +133,14 @@ def test_pack_linear_weight_layout():
         ops.pack_linear_weight(torch.randn(32, 16).half())
 
 
-@pytest.mark.parametrize("M", [1, 2, 5, 12, 13, 16, 25, 200])
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 12, 13, 16, 25, 200])
 @pytest.mark.parametrize("N,K", [(32, 1), (96, 33), (64, 64), (32, 577)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_panels(isa, M, N, K, dtype):
     """Weights packed in panels, bf16 and fp32: whole register tiles and every tail (AVX512-BF16:
-    12 rows; AVX2: the 6- and 5-row asm tiles, the C tiles of 3-4 rows and the one-pass tile of 1-2
-    rows), M past the row block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the
-    last k alone), one and several panels; elsewhere the plain loop over the same layout."""
+    12 rows; AVX2: the asm tiles of 3 to 6 rows and the one-pass tile of 1-2 rows), M past the row
+    block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the last k alone), one and
+    several panels; elsewhere the plain loop over the same layout."""
     g = torch.Generator().manual_seed(M * 31 + N + K)
     x = torch.randn(M, K, generator=g).to(dtype)
     w = torch.randn(N, K, generator=g).to(dtype)

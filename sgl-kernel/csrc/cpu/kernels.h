@@ -3,7 +3,7 @@
 // `#pragma GCC target`, and sharing inline torch/std code between them could let the linker keep
 // an AVX-512 copy of a function that AVX2 code calls.
 //
-// Threading is the caller's (ops.cpp splits work with at::parallel_for, torch's intra-op pool);
+// Threading is the caller's (ops.cpp, linear_ops.cpp: at::parallel_for, torch's intra-op pool);
 // every kernel takes the [begin, end) slice of its outermost loop that one thread owns.
 #pragma once
 #include <cstdint>
@@ -11,7 +11,7 @@
 namespace sglk {
 
 using bf16_t = uint16_t;
-constexpr int64_t kPanel = 32;  // output features per panel of BF16_PANELS weights
+constexpr int64_t kPanel = 32;  // output features per panel of *_PANELS weights
 
 enum class DType : int { F32 = 0, BF16 = 1 };
 // BF16_PANELS / F32_PANELS: bf16 / fp32 weights in pack_linear_weight's layouts (panels_impl.h),

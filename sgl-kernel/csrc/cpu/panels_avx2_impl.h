@@ -1,7 +1,7 @@
 // The panel linear's AVX2 + FMA tiles, included by panels_impl.h into the avx2 kernel set (it
 // defines panel_rows<TY, GATED, TW> there). TW is the weights' type: bf16 (BF16_PANELS) or fp32
-// (F32_PANELS). Activations are fp32 rows (a.x; ops.cpp converts bf16 ones once per call), each k
-// broadcast from memory.
+// (F32_PANELS). Activations are fp32 rows (a.x; linear_ops.cpp converts bf16 ones once per call),
+// each k broadcast from memory.
 //
 // A panel's pair row holds 32 features x 2 k (kernels.h): bf16 side by side per feature, so one
 // 32-byte load is 8 features x (k, k + 1), and a shift gives the k weights as fp32 (a bf16 is the
@@ -11,9 +11,9 @@
 // broadcast and the mask fit in the 16 registers with R = 6. Each k adds one product to each
 // accumulator; from R = 5 on, a k's FMAs take longer to issue than one FMA's latency, so the
 // chains never stall. GCC spills such a tile written with intrinsics (from 5 rows), so the k loop
-// of 5- and 6-row tiles is inline asm (pair_loop), of 3-4 row tiles C. A panel takes 2 (GATED 4)
-// such sub-passes, which read it from L1/L2 after the first. 1-2 rows (decode, bound by the
-// weights' stream) take the whole panel in one pass (panel_narrow).
+// of 3- to 6-row tiles is inline asm (pair_loop). A panel takes 2 (GATED 4) such sub-passes, run
+// over blocks of k (panel_tile_blocked). 1-2 rows (decode, bound by the weights' stream) take the
+// whole panel in one pass (panel_narrow).
 //
 // Every output is summed over k in order, one FMA per k, in every tile: results do not depend
 // on how rows were dealt to tiles, and the gated pass equals the plain one bit for bit.
@@ -43,12 +43,12 @@ constexpr int64_t kPairElems = 2 * kPanel;  // a pair row, either type
     "vbroadcastss " addr ", %%ymm14\n\t"                    \
     "vfmadd231ps %%ymm12, %%ymm14, %%" acc0 "\n\t"          \
     "vfmadd231ps %%ymm13, %%ymm14, %%" acc1 "\n\t"
-#define SGLK_ROWS5(off)                                          \
+#define SGLK_ROWS3(off)                                          \
     SGLK_ROW_FMA(off "(%[x0])", "ymm0", "ymm6")                  \
     SGLK_ROW_FMA(off "(%[x0],%[ld],1)", "ymm1", "ymm7")          \
-    SGLK_ROW_FMA(off "(%[x0],%[ld],2)", "ymm2", "ymm8")          \
-    SGLK_ROW_FMA(off "(%[x3])", "ymm3", "ymm9")                  \
-    SGLK_ROW_FMA(off "(%[x3],%[ld],1)", "ymm4", "ymm10")
+    SGLK_ROW_FMA(off "(%[x0],%[ld],2)", "ymm2", "ymm8")
+#define SGLK_ROWS4(off) SGLK_ROWS3(off) SGLK_ROW_FMA(off "(%[x3])", "ymm3", "ymm9")
+#define SGLK_ROWS5(off) SGLK_ROWS4(off) SGLK_ROW_FMA(off "(%[x3],%[ld],1)", "ymm4", "ymm10")
 #define SGLK_ROWS6(off) SGLK_ROWS5(off) SGLK_ROW_FMA(off "(%[x3],%[ld],2)", "ymm5", "ymm11")
 // The weights of k (K0) and k + 1 (K1) into ymm12 (w) and ymm13 (w2); STEP: bytes a pair row.
 #define SGLK_BF16_K0                          \
@@ -108,12 +108,12 @@ constexpr int64_t kPairElems = 2 * kPanel;  // a pair row, either type
     "vmovups %%ymm11, 352(%[out])\n\t"
 
 // out[0][r] += sum over pairs p < n of the (k = 2p, 2p + 1) products of row r of x with the 8
-// features at w, out[1][r] the same with w2 (R = 5 or 6 rows; out is [2][6] vectors, rows past
+// features at w, out[1][r] the same with w2 (R = 3 to 6 rows; out is [2][6] vectors, rows past
 // R scratch); pf and pf2 advance by pf_step a pair, one prefetch each. n >= 1.
 template <typename TW, int R>
 inline void pair_loop(__m256 (&out)[2][6], const TW* w, const TW* w2, const float* x, int64_t ldx, int64_t n,
                       const char* pf, const char* pf2, int64_t pf_step) {
-    static_assert(R == 5 || R == 6, "pair_loop is written for 5 and 6 rows");
+    static_assert(R >= 3 && R <= 6, "pair_loop is written for 3 to 6 rows");
     const float* x3 = x + 3 * ldx;
     const int64_t ld = ldx * static_cast<int64_t>(sizeof(float));
 #define SGLK_PAIR_OPERANDS                                                                          \
@@ -122,17 +122,21 @@ inline void pair_loop(__m256 (&out)[2][6], const TW* w, const TW* w2, const floa
     : [ld] "r"(ld), [pfs] "r"(pf_step), [out] "r"(&out[0][0])                                      \
     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory", "cc"
-    if constexpr (sizeof(TW) == 2) {
-        if constexpr (R == 6)
-            __asm__ volatile(SGLK_PAIR_LOOP(SGLK_ROWS6, SGLK_BF16_K0, SGLK_BF16_K1, SGLK_BF16_STEP) SGLK_PAIR_OPERANDS);
-        else
-            __asm__ volatile(SGLK_PAIR_LOOP(SGLK_ROWS5, SGLK_BF16_K0, SGLK_BF16_K1, SGLK_BF16_STEP) SGLK_PAIR_OPERANDS);
+#define SGLK_PAIR_ASM(ROWS)                                                                               \
+    if constexpr (sizeof(TW) == 2)                                                                        \
+        __asm__ volatile(SGLK_PAIR_LOOP(ROWS, SGLK_BF16_K0, SGLK_BF16_K1, SGLK_BF16_STEP) SGLK_PAIR_OPERANDS); \
+    else                                                                                                  \
+        __asm__ volatile(SGLK_PAIR_LOOP(ROWS, SGLK_F32_K0, SGLK_F32_K1, SGLK_F32_STEP) SGLK_PAIR_OPERANDS);
+    if constexpr (R == 6) {
+        SGLK_PAIR_ASM(SGLK_ROWS6)
+    } else if constexpr (R == 5) {
+        SGLK_PAIR_ASM(SGLK_ROWS5)
+    } else if constexpr (R == 4) {
+        SGLK_PAIR_ASM(SGLK_ROWS4)
     } else {
-        if constexpr (R == 6)
-            __asm__ volatile(SGLK_PAIR_LOOP(SGLK_ROWS6, SGLK_F32_K0, SGLK_F32_K1, SGLK_F32_STEP) SGLK_PAIR_OPERANDS);
-        else
-            __asm__ volatile(SGLK_PAIR_LOOP(SGLK_ROWS5, SGLK_F32_K0, SGLK_F32_K1, SGLK_F32_STEP) SGLK_PAIR_OPERANDS);
+        SGLK_PAIR_ASM(SGLK_ROWS3)
     }
+#undef SGLK_PAIR_ASM
 #undef SGLK_PAIR_OPERANDS
 }
 #undef SGLK_PAIR_LOOP
@@ -144,6 +148,8 @@ inline void pair_loop(__m256 (&out)[2][6], const TW* w, const TW* w2, const floa
 #undef SGLK_BF16_K0
 #undef SGLK_ROWS6
 #undef SGLK_ROWS5
+#undef SGLK_ROWS4
+#undef SGLK_ROWS3
 #undef SGLK_ROW_FMA
 
 // The odd last k of rows [0, R) (k = K - 1: k0 of pair row `pairs`, whose k + 1 is bf16 padding
@@ -174,45 +180,6 @@ inline void finish_sub(const LinearArgs& a, int64_t m0, int64_t panel, int64_t f
             panel_store<TY>(a, m0 + r, panel * kPanel, f0 + VL, vf(c1[r]));
         }
     }
-}
-
-// Features f0 .. f0 + 15 (GATED: f0 .. f0 + 7 and their up features) of panel `panel` for rows
-// [m0, m0 + R), R = 3 or 4 (C). Sub-pass SUB of SUBS prefetches its 1/SUBS of the tile's share of the next panel
-// (`pf`, pf_step bytes a pair; GATED: and of the next up panel).
-template <typename TY, typename TW, int R, bool GATED, int SUB, int SUBS>
-void panel_sub(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
-    constexpr int f0 = SUB * (kPanel / SUBS);
-    constexpr int64_t fe = PanelW<TW>::kPerFeature;
-    const TW* w = static_cast<const TW*>(a.w) + panel * a.ldw + fe * f0;
-    const TW* w2 = GATED ? w + a.up_offset * a.ldw : w + fe * VL;
-    const int64_t up_bytes = GATED ? a.up_offset * a.ldw * static_cast<int64_t>(sizeof(TW)) : 0;
-    const float* x = a.x + m0 * a.ldx;
-    const int64_t ldx = a.ldx, pairs = a.K / 2;
-    const int64_t sub_step = (pf_step + SUBS - 1) / SUBS;
-    if (pf) pf += SUB * pairs * sub_step;
-    __m256 c0[R], c1[R];
-    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-        if (pf) {
-            __builtin_prefetch(pf + p * sub_step, 0, 2);
-            if constexpr (GATED) __builtin_prefetch(pf + up_bytes + p * sub_step, 0, 2);
-        }
-        const TW* wa = w + p * kPairElems;
-        const TW* wb = w2 + p * kPairElems;
-        const __m256 a0 = PanelW<TW>::k0(wa), b0 = PanelW<TW>::k0(wb);
-        for (int r = 0; r < R; ++r) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p);
-            c0[r] = _mm256_fmadd_ps(xv, a0, c0[r]);
-            c1[r] = _mm256_fmadd_ps(xv, b0, c1[r]);
-        }
-        const __m256 a1 = PanelW<TW>::k1(wa), b1 = PanelW<TW>::k1(wb);
-        for (int r = 0; r < R; ++r) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + 2 * p + 1);
-            c0[r] = _mm256_fmadd_ps(xv, a1, c0[r]);
-            c1[r] = _mm256_fmadd_ps(xv, b1, c1[r]);
-        }
-    }
-    finish_sub<TY, TW, R, GATED>(a, m0, panel, f0, c0, c1, w, w2, x);
 }
 
 // 1 or 2 rows: the whole panel (GATED: and its up panel) in one pass, each pair row read once, in
@@ -266,7 +233,7 @@ void panel_narrow(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf
         }
 }
 
-// 5 or 6 rows, all SUBS sub-passes of the panel, in blocks of kBlockPairs k pairs: a block's
+// 3 to 6 rows, all SUBS sub-passes of the panel, in blocks of kBlockPairs k pairs: a block's
 // rows of the panel (GATED: and its up panel; at most 16 KB) stay in L1 through the sub-passes,
 // which each read a 32- or 64-byte part of every line (read k by k through the whole K, the lines
 // of an fp32 gated pass came from L2 twice: L2-bound). The accumulators go to memory between
@@ -311,19 +278,8 @@ void panel_tile_blocked(const LinearArgs& a, int64_t m0, int64_t panel, const ch
 
 template <typename TY, typename TW, int R, bool GATED>
 void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
-    if constexpr (R <= 2) {
-        panel_narrow<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
-    } else if constexpr (R >= 5) {
-        panel_tile_blocked<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
-    } else if constexpr (GATED) {
-        panel_sub<TY, TW, R, true, 0, kGatedSubPasses>(a, m0, panel, pf, pf_step);
-        panel_sub<TY, TW, R, true, 1, kGatedSubPasses>(a, m0, panel, pf, pf_step);
-        panel_sub<TY, TW, R, true, 2, kGatedSubPasses>(a, m0, panel, pf, pf_step);
-        panel_sub<TY, TW, R, true, 3, kGatedSubPasses>(a, m0, panel, pf, pf_step);
-    } else {
-        panel_sub<TY, TW, R, false, 0, kSubPasses>(a, m0, panel, pf, pf_step);
-        panel_sub<TY, TW, R, false, 1, kSubPasses>(a, m0, panel, pf, pf_step);
-    }
+    if constexpr (R <= 2) panel_narrow<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
+    else panel_tile_blocked<TY, TW, R, GATED>(a, m0, panel, pf, pf_step);
 }
 
 constexpr int64_t kPanelTileRowsHere = 6, kGatedTileRowsHere = 6;

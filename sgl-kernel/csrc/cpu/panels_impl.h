@@ -1,17 +1,18 @@
-// The linear over weights packed in panels (ops.cpp `pack_linear_weight`), included once per ISA
-// by isa_*.cpp after kernels_impl.h, whose helpers it uses.
+// The linear over weights packed in panels (linear_ops.cpp `pack_linear_weight`), included once
+// per ISA by isa_*.cpp after kernels_impl.h, whose helpers it uses.
 //
 // Panel layout, bf16 (BF16_PANELS): [N / 32][ceil(K / 2)][32][2]: for each block of 32 output
-// features, K in pairs, each feature's pair side by side, zero past K. fp32 (F32_PANELS, AVX2's
-// tile only): [N / 32][K][32], i.e. the same pair rows of 64 values with k and k + 1 one after the
-// other (no padding row for an odd K). That is the operand vdpbf16ps multiplies:
-// one 64-byte load is 16 features x 2 k. Activations are bf16 rows read in place; each row's
-// (k, k + 1) pair is broadcast and multiplied with two such loads, so a register tile of 12 rows x
-// 32 features (24 accumulators) needs no reduction and no packing of the activations (the
-// row-major kernel in kernels_impl.h sums along K and reduces every output; this is how oneDNN's
-// blocked GEMM works, and it reaches its speed from 1 row to prefill sizes). Kernel sets without
-// AVX512-BF16 read fp32 activations (ops.cpp converts them): AVX2 a tile of its own (below), the
-// others a plain loop over the same layout (only when asked for with use_isa).
+// features, K in pairs, each feature's pair side by side, zero past K. That is the operand
+// vdpbf16ps multiplies: one 64-byte load is 16 features x 2 k. Activations are bf16 rows read in
+// place; each row's (k, k + 1) pair is broadcast and multiplied with two such loads, so a register
+// tile of 12 rows x 32 features (24 accumulators) needs no reduction and no packing of the
+// activations (the row-major kernel in kernels_impl.h sums along K and reduces every output; this
+// is how oneDNN's blocked GEMM works, and it reaches its speed from 1 row to prefill sizes).
+// fp32 (F32_PANELS): [N / 32][K][32], i.e. the same pair rows of 64 values with k and k + 1 one
+// after the other (no padding row for an odd K).
+// Kernel sets without AVX512-BF16 read fp32 activations (linear_ops.cpp converts them): AVX2 has
+// tiles of its own for both layouts (panels_avx2_impl.h), AVX512-BF16 for bf16 panels only, the
+// others a plain loop (only when asked for with use_isa).
 
 namespace {
 
@@ -181,7 +182,7 @@ void panel_rows_any(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel
 // (this thread's next one, or its first again for the next block of rows), each tile a 1/T share,
 // spread over its k pairs: with one tile the prefetch runs a whole panel ahead. The rows are dealt
 // to the tiles evenly, since a tile of few rows has too few accumulators to hide vdpbf16ps' latency.
-#if !(!SGLK_BF16_DOT && SGLK_VEC_BYTES == 32)  // AVX2: 6 and 6 (panels_avx2_impl.h)
+#if SGLK_BF16_DOT || SGLK_VEC_BYTES != 32  // AVX2 sets its own (panels_avx2_impl.h)
 constexpr int64_t kPanelTileRowsHere = kPanelTileRows, kGatedTileRowsHere = kGatedTileRows;
 #endif
 

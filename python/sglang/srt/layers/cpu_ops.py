@@ -70,7 +70,7 @@ def isa_name() -> str:
     return _sgl_kernel.isa() if available() else "torch"
 
 
-def linear_panels_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:
+def linear_panels_enabled(dtype: torch.dtype) -> bool:
     """Whether linear weights of `dtype` go into sgl-kernel's panel layout at load time
     (layers/linear.py `pack_linear_weights`): bf16 on the AVX512-BF16 kernel set (vdpbf16ps) and
     the AVX2 one (FMA, the weights converted in registers), fp32 on the AVX2 one; unless

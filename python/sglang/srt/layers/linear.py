@@ -16,8 +16,9 @@ AVX512-BF16 and AVX2 kernel sets; fp32: AVX2; `pack_linear_weights`), a copy as 
 weight that the kernel multiplies at any rows.
 Elsewhere, bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch
 emulates them 4-7x slower than fp32), or with SGLANG_CPU_LINEAR_PANELS=0: the packed copy is the
-weight upcast to fp32, and the activation is upcast per call. Both upcasts are exact, the kernel accumulates in fp32 and the result is rounded
-to bf16, which is what a native bf16 GEMM computes; the cost is an fp32-sized copy of the weights.
+weight upcast to fp32, and the activation is upcast per call. Both upcasts are exact, the kernel
+accumulates in fp32 and the result is rounded to bf16, which is what a native bf16 GEMM computes;
+the cost is an fp32-sized copy of the weights.
 """
 
 from __future__ import annotations
