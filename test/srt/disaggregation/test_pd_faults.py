@@ -173,7 +173,9 @@ def test_prefill_killed_mid_transfer(servers):
         return {"input_ids": [5 + (room + i) % 900 for i in range(300)], "sampling_params": params,
                 "bootstrap_host": "127.0.0.1", "bootstrap_port": b, "bootstrap_room": room}
 
-    rooms = list(range(100, 106))
+    # 12 x 300 tokens of prefill work (in 32-token chunks), so that the poll below catches the
+    # server busy: with 6, one full-suite run after the faster fp32 kernels never saw it busy
+    rooms = list(range(100, 112))
     with cf.ThreadPoolExecutor(2 * len(rooms)) as ex:
         dfuts = [ex.submit(requests.post, url(decode) + "/generate", json=body(r), timeout=120) for r in rooms]
         pfuts = [ex.submit(requests.post, url(prefill) + "/generate", json=body(r), timeout=120) for r in rooms]

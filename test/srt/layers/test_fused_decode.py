@@ -122,10 +122,17 @@ def test_fused_layer_steps_aside_for_batches_beyond_the_small_m_kernel(tmp_path,
 
 def test_fused_layer_takes_any_batch_over_panel_weights(tmp_path, monkeypatch):
     """Where the weights are packed in panels (fp32 and bf16 on the AVX2 kernel set, bf16 on
-    AVX512-BF16), the fused layer runs beyond the small-M kernel's rows too."""
+    AVX512-BF16), the fused layer runs beyond the small-M kernel's rows too, bit-identical to the
+    per-op path over the same panels."""
     monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "2")
     if not cpu_ops.linear_panels_enabled(torch.float32):
         pytest.skip(f"no fp32 panel kernel on the {cpu_ops.isa_name()} kernel set")
     runner = _runner(make_tiny_model(str(tmp_path / "llama"), "llama", seed=4))
-    _, _, ran = _decode_trace(runner, [random_prompt(8, seed=i) for i in range(5)], 2)
+    prompts = [random_prompt(8, seed=i) for i in range(7)]  # 7 rows: a 4- and a 3-row tile
+    fused, kv_fused, ran = _decode_trace(runner, prompts, 2)
     assert ran
+    monkeypatch.setenv("SGLANG_CPU_FUSED_DECODE", "0")
+    ref, kv_ref, ran = _decode_trace(runner, prompts, 2)
+    assert not ran
+    assert all(torch.equal(a, b) for a, b in zip(fused, ref))
+    assert all(torch.equal(a, b) for a, b in zip(kv_fused, kv_ref))
