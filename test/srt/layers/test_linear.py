@@ -257,3 +257,105 @@ def test_bf16_weights_go_into_panels_and_take_every_batch_size(monkeypatch, tmp_
         assert not is_panel_weight(model.a.packed_weight)
     finally:
         sgl_kernel.use_isa(before)
+
+
+def _panels_with_a_onednn_copy_dtype():
+    """A dtype whose weights this CPU packs in panels and oneDNN multiplies natively (bf16 on
+    AVX512-BF16 CPUs, fp32 on AVX2 ones), or None."""
+    from sglang.srt.layers import cpu_ops
+
+    for dtype in (torch.bfloat16, torch.float32):
+        if cpu_ops.linear_panels_enabled(dtype) and torch.backends.mkldnn.is_available():
+            try:
+                torch.ops.mkldnn._reorder_linear_weight(torch.ones(32, 8, dtype=dtype), None)
+                return dtype
+            except RuntimeError:
+                continue
+    return None
+
+
+def test_panels_hand_the_rows_past_their_crossover_to_onednn(monkeypatch, tmp_path):
+    """Where oneDNN multiplies the panels' dtype natively (AMX machines: 2-7x the panels' rate
+    from 8-16 rows), a panel weight keeps a oneDNN copy; `linear`, the fused gate_up + SiLU and
+    the fused decode layer take the panels up to `cpu_ops.panel_max_rows` and oneDNN beyond, each
+    side bit for bit what its own kernel computes. A crossover at the last candidate (the panels
+    win throughout) drops the copies."""
+    from torch import nn
+
+    from sglang.srt.layers import cpu_ops, fused_decode
+    from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, pack_linear_weights
+    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, measure_panel_rows
+
+    dtype = _panels_with_a_onednn_copy_dtype() if cpu_ops.available() else None
+    if dtype is None:
+        pytest.skip("no panel kernel whose dtype oneDNN multiplies natively on this CPU")
+    monkeypatch.setitem(cpu_ops._state, "panel_rows", {})
+    monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
+    g = torch.Generator().manual_seed(6)
+    model = nn.Module()
+    model.a, model.gate_up = ReplicatedLinear(96, 64, bias=True), MergedColumnParallelLinear(96, [64, 64])
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    model.to(dtype)
+    assert pack_linear_weights(model) == 2
+    a, gu = model.a, model.gate_up
+    assert a.onednn_weight is not None and gu.onednn_weight is not None
+
+    monkeypatch.setenv("SGLANG_CPU_PANEL_ROWS", "4")
+    assert measure_panel_rows(model) == (4, "SGLANG_CPU_PANEL_ROWS") and cpu_ops.panel_max_rows(dtype) == 4
+    onednn = torch.ops.mkldnn._linear_pointwise
+    for rows in (1, 4, 5, 40):
+        x = torch.randn(rows, 96, generator=g).to(dtype)
+        if rows <= 4:
+            want = torch.ops.sgl_kernel.linear(x, a.packed_weight, None, a.bias)
+            want_gated = torch.ops.sgl_kernel.linear_silu_mul(x, gu.packed_weight, None, None)
+        else:
+            want = onednn(x, a.onednn_weight, a.bias, "none", [], "")
+            want_gated = SiluAndMul()(onednn(x, gu.onednn_weight, None, "none", [], ""))
+        assert torch.equal(a(x), want), rows
+        assert torch.equal(gu.silu_mul(x), want_gated), rows
+        ref = F.linear(x.double(), a.weight.double(), a.bias.double())
+        tol = dict(rtol=2e-2, atol=0.5) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(a(x).double(), ref, **tol)
+        # the fused decode layer multiplies by the panels only where `linear` would
+        args = fused_decode._linear_args(a, rows, dtype)
+        assert (args is not None and args[0] is a.packed_weight) == (rows <= 4), rows
+
+    monkeypatch.setenv("SGLANG_CPU_PANEL_ROWS", str(PANEL_CANDIDATE_ROWS[-1]))
+    assert measure_panel_rows(model) == (None, "SGLANG_CPU_PANEL_ROWS")
+    assert a.onednn_weight is None and gu.onednn_weight is None  # freed
+    x = torch.randn(300, 96, generator=g).to(dtype)
+    assert torch.equal(a(x), torch.ops.sgl_kernel.linear(x, a.packed_weight, None, a.bias))
+
+
+def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tmp_path):
+    from torch import nn
+
+    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
+    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, measure_panel_rows
+
+    dtype = _panels_with_a_onednn_copy_dtype() if cpu_ops.available() else None
+    if dtype is None:
+        pytest.skip("no panel kernel whose dtype oneDNN multiplies natively on this CPU")
+    monkeypatch.setitem(cpu_ops._state, "panel_rows", {})
+    monkeypatch.delenv("SGLANG_CPU_PANEL_ROWS", raising=False)
+    monkeypatch.setenv("SGLANG_CPU_TUNING_CACHE", str(tmp_path / "rows.json"))
+    model = nn.Module()
+    model.a, model.b = ReplicatedLinear(256, 512), ReplicatedLinear(512, 256)
+    for p in model.parameters():
+        p.data.normal_()
+    model.to(dtype)
+    pack_linear_weights(model)
+    rows, source = measure_panel_rows(model, candidates=PANEL_CANDIDATE_ROWS[:6])
+    assert source.startswith("measured on these weights"), source
+    if rows is None:  # the panels won at every candidate: the copies are gone
+        assert model.a.onednn_weight is None and cpu_ops.panel_max_rows(dtype) > 10 ** 9
+    else:
+        assert rows in PANEL_CANDIDATE_ROWS[:5] and model.a.onednn_weight is not None
+        assert cpu_ops.panel_max_rows(dtype) == rows
+        assert measure_panel_rows(model, candidates=PANEL_CANDIDATE_ROWS[:6]) == (
+            rows, "measured earlier in this process")
+    import json
+    (entry,) = json.loads((tmp_path / "rows.json").read_text()).values()
+    assert entry["key"]["what"] == "panels vs oneDNN"

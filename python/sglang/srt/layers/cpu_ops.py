@@ -110,4 +110,28 @@ def set_linear_max_rows(dtype: torch.dtype, rows: int) -> None:
     _state.setdefault("max_rows", {})[dtype] = rows
 
 
+def panel_max_rows(dtype: torch.dtype) -> int:
+    """Rows up to which a linear whose weight has both sgl-kernel panels and a oneDNN copy
+    (layers/linear.py `pack_linear_weights`: where oneDNN multiplies the dtype natively) takes
+    the panels; oneDNN takes more. Measured on the model's weights once per machine
+    (layers/linear_crossover.py `measure_panel_rows`): on AMX machines oneDNN's bf16 tiles are
+    2-7x faster than the panels from 8-16 rows, elsewhere the panels keep up through prefill
+    sizes and the copies are dropped. Before a measurement: every row (the panels)."""
+    return _state.get("panel_rows", {}).get(dtype, _EVERY_ROW)
+
+
+def fixed_panel_max_rows() -> Optional[int]:
+    """The rows SGLANG_CPU_PANEL_ROWS fixes (0: oneDNN for every row it has a copy for), or None."""
+    env = os.environ.get("SGLANG_CPU_PANEL_ROWS")
+    return None if env is None else int(env)
+
+
+def set_panel_max_rows(dtype: torch.dtype, rows: Optional[int]) -> None:
+    """Records a measured panel crossover (None: the panels take every row)."""
+    _state.setdefault("panel_rows", {})[dtype] = _EVERY_ROW if rows is None else rows
+
+
+_EVERY_ROW = 1 << 62
+
+
 _SMALL_M_DTYPES = (torch.float32, torch.bfloat16, torch.int8)

@@ -12,7 +12,8 @@ modules. Covered: a decode batch on CPU with sgl-kernel loaded, the torch-native
 backend over a plain KV pool in the activations' dtype (not a hybrid SWA pool), and rows within
 the small-M linear's range (`cpu_ops.linear_max_rows`) for every linear of the layer, with
 weights in the activations' dtype or int8 (`--quantization w8a16_int8`); weights packed in panels
-(layers/linear.py `pack_linear_weights`) at any rows.
+(layers/linear.py `pack_linear_weights`) at any rows, or up to `cpu_ops.panel_max_rows` where
+oneDNN has a copy beside them.
 `SGLANG_CPU_FUSED_DECODE=0` turns it off.
 """
 
@@ -26,7 +27,7 @@ import torch
 
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, is_swa_pool_layer
-from sglang.srt.layers.linear import is_panel_weight
+from sglang.srt.layers.linear import panels_take
 
 logger = logging.getLogger(__name__)
 _said = []  # the first fused call of the process is logged (tests look for it in server logs)
@@ -44,9 +45,9 @@ def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     bias = None if linear.bias is None else linear.bias.float()
     if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
         return linear.int8_weight[0], linear.int8_weight[1], bias
-    if is_panel_weight(linear.packed_weight) and linear.packed_weight.dtype == dtype:
+    if panels_take(linear.packed_weight, linear.onednn_weight, dtype, rows):
         return linear.packed_weight, None, bias
-    if linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
+    if linear.onednn_weight is None and linear.weight.dtype == dtype and rows <= cpu_ops.linear_max_rows(dtype):
         return linear.weight, None, bias
     return None
 

@@ -38,6 +38,7 @@ _SILU_AND_MUL = SiluAndMul()  # stateless
 class ReplicatedLinear(nn.Module):
     packed_weight: Optional[torch.Tensor] = None  # set by pack_linear_weights (CPU)
     int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (q, scale): layers/quantization.py
+    onednn_weight: Optional[torch.Tensor] = None  # beside panels, for many rows (pack_linear_weights)
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
@@ -47,7 +48,7 @@ class ReplicatedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed_weight, self.int8_weight)
+        return module_linear(self, x)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         _copy_checked(param.data, loaded)
@@ -90,7 +91,7 @@ class MergedColumnParallelLinear(MergedLinear):
         """silu(gate) * up of this projection of x (SiluAndMul of its output). Where `linear`
         multiplies a weight in panels, one sgl-kernel pass that never stores the projection
         (bit-identical to the two steps)."""
-        if _takes_panels(x, self.packed_weight, self.int8_weight):
+        if _takes_panels(x, self.packed_weight, self.int8_weight, self.onednn_weight):
             return torch.ops.sgl_kernel.linear_silu_mul(x, self.packed_weight, None, self.bias)
         return _SILU_AND_MUL(self(x))
 
@@ -108,27 +109,47 @@ class QKVParallelLinear(MergedLinear):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            packed_weight: Optional[torch.Tensor] = None,
-           int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-    """x @ weight.T + bias: sgl-kernel on a bf16 weight packed in panels (any rows), else its
-    small-M kernel for few rows (it reads bf16 and int8 weights as they are), else the
-    oneDNN-packed copy of the weight when there is one."""
-    if _takes_panels(x, packed_weight, int8_weight):
+           int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+           onednn_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ weight.T + bias: sgl-kernel on a weight packed in panels (any rows, or up to
+    `cpu_ops.panel_max_rows` when oneDNN has a copy beside them), else its small-M kernel for few
+    rows (it reads bf16 and int8 weights as they are), else the oneDNN-packed copy of the weight
+    when there is one."""
+    if _takes_panels(x, packed_weight, int8_weight, onednn_weight):
         return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias)
     if cpu_ops.enabled(x) and x.numel():
         rows = x.numel() // x.shape[-1]
         if int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
             return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias)
-        if x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
+        if onednn_weight is None and x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
             return torch.ops.sgl_kernel.linear(x, weight, None, bias)
-    return _large_m_linear(x, weight, bias, packed_weight)
+    return _large_m_linear(x, weight, bias, packed_weight if onednn_weight is None else onednn_weight)
+
+
+def module_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`linear` with a linear layer's (or the LM head's) weights and their packed copies."""
+    return linear(x, module.weight, getattr(module, "bias", None), getattr(module, "packed_weight", None),
+                  getattr(module, "int8_weight", None), getattr(module, "onednn_weight", None))
+
+
+def panels_take(packed_weight: Optional[torch.Tensor], onednn_weight: Optional[torch.Tensor],
+                dtype: torch.dtype, rows: int) -> bool:
+    """Whether `linear` multiplies `rows` rows of `dtype` by this weight's panels (before the
+    int8 kernel's claim on few rows): panels of that dtype, and no oneDNN copy beside them or
+    rows within `cpu_ops.panel_max_rows`."""
+    return (is_panel_weight(packed_weight) and packed_weight.dtype == dtype
+            and (onednn_weight is None or rows <= cpu_ops.panel_max_rows(dtype)))
 
 
 def _takes_panels(x: torch.Tensor, packed_weight: Optional[torch.Tensor],
-                  int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> bool:
+                  int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]],
+                  onednn_weight: Optional[torch.Tensor]) -> bool:
     """Whether `linear` multiplies x by the weight's panels (int8 weights go first, for few rows)."""
-    if not (is_panel_weight(packed_weight) and x.dtype == packed_weight.dtype and cpu_ops.enabled(x) and x.numel()):
+    if not (cpu_ops.enabled(x) and x.numel()):
         return False
-    return int8_weight is None or x.numel() // x.shape[-1] > cpu_ops.linear_max_rows(torch.int8)
+    rows = x.numel() // x.shape[-1]
+    return (panels_take(packed_weight, onednn_weight, x.dtype, rows)
+            and (int8_weight is None or rows > cpu_ops.linear_max_rows(torch.int8)))
 
 
 def _large_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -167,19 +188,31 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     goes into its panels (`sgl_kernel.pack_linear_weight`; the kernel then takes every batch size,
     as fast as oneDNN from 64 rows and faster below), any other weight into a oneDNN-blocked copy.
 
+    A weight in panels also gets a oneDNN copy (`onednn_weight`) where oneDNN multiplies its dtype
+    natively and the memory allows (both copies within `max_bytes`): `linear` then sends rows past
+    `cpu_ops.panel_max_rows` to oneDNN, and `linear_crossover.measure_panel_rows` measures those
+    rows (dropping the copies where the panels win throughout).
+
     Returns how many were packed (0 when the copies, counted at fp32 size, would exceed
     `max_bytes`: the layers keep using their plain weights). A bf16 weight that oneDNN cannot
     multiply natively on this CPU is packed as its fp32 upcast.
     """
     targets = cpu_linear_modules(model)
-    if max_bytes is not None and sum(4 * m.weight.numel() for m in targets) > max_bytes:
+    fp32_bytes = sum(4 * m.weight.numel() for m in targets)
+    if max_bytes is not None and fp32_bytes > max_bytes:
         return 0
     panels = {dtype for dtype in (torch.bfloat16, torch.float32) if cpu_ops.linear_panels_enabled(dtype)}
+    both_fit = max_bytes is None or 2 * sum(m.weight.numel() * m.weight.element_size() for m in targets) <= max_bytes
     count = 0
     for module in targets:
         weight = module.weight.detach()
         if weight.dtype in panels and weight.shape[0] % 32 == 0:
             module.packed_weight = torch.ops.sgl_kernel.pack_linear_weight(weight)
+            if both_fit and torch.backends.mkldnn.is_available():
+                try:
+                    module.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                except RuntimeError:  # no native oneDNN GEMM for this dtype: the panels take every row
+                    pass
             count += 1
             continue
         if not torch.backends.mkldnn.is_available():

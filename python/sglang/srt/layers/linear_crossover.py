@@ -37,6 +37,7 @@ from sglang.srt.layers.linear import _large_m_linear, cpu_linear_modules, is_pan
 logger = logging.getLogger(__name__)
 
 SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+PANEL_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # prefill chunks too: the panels take any rows
 _measured_here: Dict[str, Dict[str, int]] = {}  # key digest -> rows per dtype name, this process
 
 
@@ -66,25 +67,67 @@ def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_C
     plain = [m for m in mods if not is_panel_weight(m.packed_weight)]  # panel weights: one kernel at any rows
     if not plain and not quantized:
         return {}, ""
-    digest, key = _cache_key(mods, bool(quantized), candidates)
-    source = "measured earlier in this process"
+    rows, source = _kept(_cache_key(mods, bool(quantized), candidates),
+                         lambda: _measure(plain, quantized, dtype, candidates))
+    found = {_DTYPE_BY_NAME[name]: n for name, n in rows.items()}
+    for kind, n in found.items():
+        cpu_ops.set_linear_max_rows(kind, n)
+    return found, source
+
+
+def measure_panel_rows(model: nn.Module, candidates: Sequence[int] = PANEL_CANDIDATE_ROWS
+                       ) -> Tuple[Optional[int], str]:
+    """Up to how many rows the panels beat oneDNN on the weights that have both
+    (`linear.pack_linear_weights`), recorded with `cpu_ops.set_panel_max_rows`; where the panels
+    win at every candidate the oneDNN copies are dropped (their memory freed) and the panels take
+    every row. At least 1 row: at one row the panels also let the decoder layer run fused
+    (layers/fused_decode.py). Returns (rows, source) with rows None for every row; (None, "")
+    without such weights. Kept in the same cache as `measure_small_m_rows`; SGLANG_CPU_PANEL_ROWS=N fixes it.
+
+    On the Intel AVX-512 + AMX kind oneDNN's bf16 tiles win from 8 rows (2.2x at 32 rows, 6.6x at
+    512 over a pass of the default model's layers; benchmark/RESULTS.md), which made its prefill
+    and batch-16+ decode the panels' speed before this measurement existed.
+    """
+    mods = [m for m in cpu_linear_modules(model) if getattr(m, "onednn_weight", None) is not None]
+    if not mods:
+        return None, ""
+    dtype = mods[0].packed_weight.dtype
+    fixed = cpu_ops.fixed_panel_max_rows()
+    if fixed is not None:
+        rows, source = fixed, "SGLANG_CPU_PANEL_ROWS"
+    else:
+        found, source = _kept(_cache_key(mods, False, candidates, what="panels vs oneDNN"), lambda: {
+            str(dtype): max(1, _crossover(mods, dtype, candidates,
+                                   small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.packed_weight, None, m.bias),
+                                   other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.onednn_weight)))})
+        rows = found[str(dtype)]
+    if rows >= candidates[-1]:
+        for m in mods:
+            m.onednn_weight = None
+        rows = None
+    cpu_ops.set_panel_max_rows(dtype, rows)
+    return rows, source
+
+
+def _kept(digest_and_key: Tuple[str, dict], measure: Callable[[], Dict[str, int]]) -> Tuple[Dict[str, int], str]:
+    """`measure()` (rows per dtype name) once per cache key: from this process, else the cache
+    file (under its lock, so concurrent starts wait for the first), else measured and written."""
+    digest, key = digest_and_key
     rows = _measured_here.get(digest)
+    source = "measured earlier in this process"
     if rows is None:
         with _locked_cache() as (path, entries):
             rows = entries.get(digest, {}).get("rows")
             source = f"cached in {path}"
             if rows is None:
                 start = time.perf_counter()
-                rows = _measure(plain, quantized, dtype, candidates)
+                rows = measure()
                 source = f"measured on these weights in {time.perf_counter() - start:.1f} s"
                 if path is not None:
                     entries[digest] = {"rows": rows, "key": key, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
                     _write(path, entries)
         _measured_here[digest] = rows
-    found = {_DTYPE_BY_NAME[name]: n for name, n in rows.items()}
-    for kind, n in found.items():
-        cpu_ops.set_linear_max_rows(kind, n)
-    return found, source
+    return rows, source
 
 
 def _measure(plain: List[nn.Module], quantized: List[nn.Module], dtype: torch.dtype,
@@ -141,9 +184,11 @@ def _least_seconds(passes: List[Callable], min_total: float = 0.02, max_rounds: 
     return least
 
 
-def _cache_key(mods: List[nn.Module], quantized: bool, candidates: Sequence[int]) -> Tuple[str, dict]:
+def _cache_key(mods: List[nn.Module], quantized: bool, candidates: Sequence[int],
+               what: str = "small-M kernel vs the rest") -> Tuple[str, dict]:
     """Everything the measurement depends on, and its digest."""
     key = {
+        "what": what,
         "cpu": _cpu_model(), "isa": cpu_ops.isa_name(), "library": _library_digest(),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "dtype": str(mods[0].weight.dtype), "int8": quantized, "candidates": list(candidates),
@@ -157,6 +202,7 @@ def _weight_shapes(mods: List[nn.Module]) -> List[str]:
     counts: Dict[str, int] = {}
     for m in mods:
         packed = "" if m.packed_weight is None else " panels" if is_panel_weight(m.packed_weight) else " packed"
+        packed += " +oneDNN" if getattr(m, "onednn_weight", None) is not None else ""
         shape = "x".join(map(str, m.weight.shape)) + packed + (" bias" if m.bias is not None else "")
         counts[shape] = counts.get(shape, 0) + 1
     return [f"{shape} x{n}" for shape, n in counts.items()]

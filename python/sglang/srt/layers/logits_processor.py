@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from sglang.srt.layers.linear import linear
+from sglang.srt.layers.linear import module_linear
 
 
 @dataclass
@@ -45,8 +45,7 @@ class LogitsProcessor(nn.Module):
             self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = linear(hidden, lm_head.weight, getattr(lm_head, "bias", None),
-                        getattr(lm_head, "packed_weight", None), getattr(lm_head, "int8_weight", None)).float()
+        logits = module_linear(lm_head, hidden).float()
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.final_logit_softcapping:

@@ -27,6 +27,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed_weight = None  # set by linear.pack_linear_weights (CPU)
     int8_weight = None  # (q, scale) under --quantization w8a16_int8 (layers/quantization.py)
+    onednn_weight = None  # beside panels, for many rows (linear.pack_linear_weights)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False):
         super().__init__(num_embeddings, embedding_dim)

@@ -32,7 +32,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
 from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights
-from sglang.srt.layers.linear_crossover import measure_small_m_rows
+from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
@@ -105,11 +105,17 @@ class ModelRunner:
         if self.device == "cpu" and os.environ.get("SGLANG_CPU_PACK_WEIGHTS", "1") != "0":
             # The packed copies come on top of the weights: leave most of the memory to the KV cache.
             packed = pack_linear_weights(self.model, max_bytes=available_memory_bytes(self.device) // 2)
-            panels = sum(is_panel_weight(m.packed_weight) for m in cpu_linear_modules(self.model))
-            logger.info(f"packed {packed} linear weights ({panels} in sgl_kernel bf16 panels, {packed - panels} "
-                        f"for oneDNN)" if packed else
+            mods = cpu_linear_modules(self.model)
+            panels = sum(is_panel_weight(m.packed_weight) for m in mods)
+            beside = sum(getattr(m, "onednn_weight", None) is not None for m in mods)
+            logger.info(f"packed {packed} linear weights ({panels} in sgl_kernel panels, {beside} of them with a "
+                        f"oneDNN copy too; {packed - panels} for oneDNN)" if packed else
                         "linear weights not packed (no oneDNN, or the copies would take over half of the "
                         "available memory): using F.linear")
+        panel_rows, source = measure_panel_rows(self.model)  # first: it may drop the oneDNN copies
+        if source:
+            logger.info(f"sgl_kernel panels up to {panel_rows} rows, oneDNN beyond ({source})" if panel_rows is not None
+                        else f"sgl_kernel panels at every row; their oneDNN copies dropped ({source})")
         rows, source = measure_small_m_rows(self.model)  # {} unless CPU with sgl-kernel and no fixed rows
         if rows:
             logger.info("sgl_kernel.linear up to " + ", ".join(
