@@ -13,7 +13,9 @@ model runner skips packing when the copies would take over half of the available
 
 Weights go instead into sgl-kernel's panels where it has a panel kernel for their dtype (bf16:
 AVX512-BF16 and AVX2 kernel sets; fp32: AVX2; `pack_linear_weights`), a copy as large as the
-weight that the kernel multiplies at any rows.
+weight that the kernel multiplies at any rows; where oneDNN multiplies that dtype natively (AMX:
+up to 7x the panels' rate on prefill rows) a oneDNN copy beside them takes the rows past
+`cpu_ops.panel_max_rows`, measured per machine (layers/linear_crossover.py).
 Elsewhere, bf16 on a CPU without native bf16 GEMMs (no AVX-512-BF16/AMX/AVX-NE-CONVERT, where torch
 emulates them 4-7x slower than fp32), or with SGLANG_CPU_LINEAR_PANELS=0: the packed copy is the
 weight upcast to fp32, and the activation is upcast per call. Both upcasts are exact, the kernel
