@@ -19,10 +19,22 @@ from typing import Callable, Dict, List, Optional, Sequence
 DEFAULT_STARTUP_TIMEOUT = 180.0
 
 
+_ports_given: set = set()
+
+
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before in this process. The kernel may offer a port
+    again as soon as the probe socket closes, so two calls made before either server binds
+    could return the same port (a router launched on its decode server's port then "answered"
+    through that server, and the test's requests reached the decode server without bootstrap
+    fields)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 def wait_for_health(base_url: str, timeout: float = DEFAULT_STARTUP_TIMEOUT, process: Optional[subprocess.Popen] = None,
