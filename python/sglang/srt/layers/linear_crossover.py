@@ -143,7 +143,7 @@ def _measure(plain: List[nn.Module], quantized: List[nn.Module], dtype: torch.dt
         rows[str(torch.int8)] = max(1, _crossover(
             quantized, dtype, candidates,
             small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.int8_weight[0], m.int8_weight[1], m.bias),
-            other=lambda x, m: linear(x, m.weight, m.bias, m.packed_weight)))
+            other=lambda x, m: linear(x, m.weight, m.bias, m.packed_weight, None, m.onednn_weight)))
     return rows
 
 
