@@ -220,7 +220,7 @@ def small_ops_table(dtypes):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--isa", default=None, help="generic|avx2|avx512|avx512bf16 (default: the best this CPU runs)")
+    p.add_argument("--isa", default=None, help="generic|avx2|avx512|avx512bf16|amx (default: the best this CPU runs)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--sweep-rows", type=int, nargs="+", default=[1], help="batch rows of the decode-step sweep")
     p.add_argument("--only", choices=["linear", "sweep", "attention", "extend", "small"], default=None)

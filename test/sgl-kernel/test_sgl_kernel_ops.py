@@ -86,7 +86,7 @@ def test_linear_int8_weights(isa, M):
 
 
 def test_avx512bf16_linear_multiplies_bf16_pairs(isa):
-    """The avx512bf16 set must really take the vdpbf16ps path for bf16 x bf16 (a dispatch slip
+    """The avx512bf16 and amx sets must really take the vdpbf16ps path for bf16 x bf16 (a dispatch slip
     would pass every accuracy test on the FMA path). Its fingerprint: the instruction flushes a
     denormal input to zero, which an fp32 FMA does not."""
     x = torch.zeros(1, 32, dtype=torch.bfloat16)
@@ -94,8 +94,33 @@ def test_avx512bf16_linear_multiplies_bf16_pairs(isa):
     x[0, 0] = 2.0 ** -130  # a bf16 denormal
     w[:, 0] = 2.0 ** 100
     got = ops.linear(x, w, None, None).float()
-    want = 0.0 if isa == "avx512bf16" else 2.0 ** -30
+    want = 0.0 if isa in ("avx512bf16", "amx") else 2.0 ** -30
     assert torch.equal(got, torch.full((1, 4), want)), (isa, got)
+
+
+def test_amx_set_multiplies_bf16_panels_on_tiles():
+    """The amx set must really take the tile path for bf16 panels (every accuracy test passes on the
+    vdpbf16ps tiles too). Its fingerprint: tdpbf16ps sums a k block in another order than
+    vdpbf16ps, so a sum whose last bits depend on the order (1 + 2^-24 + 2^-24(1 + 2^-6) - 1)
+    comes out differently, while both stay within bf16 rounding of the exact 2^-23 + 2^-30."""
+    if "amx" not in sgl_kernel.supported_isas():
+        pytest.skip("needs a CPU with AMX-BF16 (and the tile state granted by Linux)")
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 2], x[0, 3], x[0, 4] = 1.0, 1.0, 1 + 2.0 ** -6, 1.0
+    w = torch.zeros(32, 32)
+    w[:, 0], w[:, 2], w[:, 3], w[:, 4] = 1.0, 2.0 ** -24, 2.0 ** -24, -1.0
+    packed = ops.pack_linear_weight(w.bfloat16())
+    got = {}
+    before = sgl_kernel.isa()
+    try:
+        for name in ("amx", "avx512bf16"):
+            sgl_kernel.use_isa(name)
+            got[name] = ops.linear(x.bfloat16(), packed, None, None).float()
+    finally:
+        sgl_kernel.use_isa(before)
+    assert not torch.equal(got["amx"], got["avx512bf16"]), got
+    for v in got.values():
+        assert ((v > 0) & (v <= 2.0 ** -22)).all(), got
 
 
 @pytest.mark.parametrize("M", [1, 4, 16])
@@ -133,14 +158,16 @@ def test_pack_linear_weight_layout():
         ops.pack_linear_weight(torch.randn(32, 16).half())
 
 
-@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 12, 13, 16, 25, 200])
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 12, 13, 16, 25, 33, 48, 200])
 @pytest.mark.parametrize("N,K", [(32, 1), (96, 33), (64, 64), (32, 577)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_linear_panels(isa, M, N, K, dtype):
     """Weights packed in panels, bf16 and fp32: whole register tiles and every tail (AVX512-BF16:
     12 rows; AVX2: the asm tiles of 3 to 6 rows and the one-pass tile of 1-2 rows), M past the row
     block (192 rows; AVX2: as many as fit 256 KB of fp32 rows), odd K (the last k alone), one and
-    several panels; elsewhere the plain loop over the same layout."""
+    several panels; elsewhere the plain loop over the same layout. AMX (K a multiple of 32): tiles
+    of M < 16 rows, pairs of 16-row groups, a group alone, the zero-padded last group, 200 rows past
+    the 192-row block."""
     g = torch.Generator().manual_seed(M * 31 + N + K)
     x = torch.randn(M, K, generator=g).to(dtype)
     w = torch.randn(N, K, generator=g).to(dtype)
@@ -152,12 +179,14 @@ def test_linear_panels(isa, M, N, K, dtype):
 
 
 def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
+    for k, n in ((64, 3), (64, 20), (40, 7)):  # K = 64: AMX tiles read the strided rows in place
+        wk = torch.randn(64, k).bfloat16()
+        x = torch.randn(2, n, k + 16).bfloat16()[..., :k]  # strided rows under two leading dims
+        got = ops.linear(x, ops.pack_linear_weight(wk), None, None)
+        assert got.shape == (2, n, 64)
+        _close(got, F.linear(x.float(), wk.float()).bfloat16(), torch.bfloat16)
     w = torch.randn(64, 40).bfloat16()
     packed = ops.pack_linear_weight(w)
-    x = torch.randn(2, 7, 56).bfloat16()[..., :40]  # strided rows under two leading dims
-    got = ops.linear(x, packed, None, None)
-    assert got.shape == (2, 7, 64)
-    _close(got, F.linear(x.float(), w.float()).bfloat16(), torch.bfloat16)
     with pytest.raises(RuntimeError, match="bf16 activations"):
         ops.linear(torch.randn(3, 40), packed, None, None)
     with pytest.raises(RuntimeError, match="panel weights"):
@@ -169,7 +198,7 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
         ops.linear(torch.randn(3, 41), packed32, None, None)
 
 
-@pytest.mark.parametrize("M", [1, 5, 6, 7, 13, 200])
+@pytest.mark.parametrize("M", [1, 5, 6, 7, 13, 40, 200])
 @pytest.mark.parametrize("I,K,packed", [(32, 1, True), (64, 33, True), (96, 576, True), (48, 64, True),
                                          (16, 40, False), (96, 33, False)])
 def test_linear_silu_mul_is_silu_and_mul_of_linear(isa, M, I, K, packed):

@@ -13,6 +13,10 @@
 #include <algorithm>
 #include <vector>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "ops_common.h"
 
 namespace sglk {
@@ -40,24 +44,43 @@ bool cpu_has_avx512bf16() {
     return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+// AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), and the tile state, which Linux hands a
+// process only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; refused on kernels
+// before 5.16 and where the hypervisor hides it). Asked once; the grant covers every thread.
+bool cpu_has_amx() {
+    static const bool ok = [] {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (!cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+        if (!((edx >> 24) & 1u) || !((edx >> 22) & 1u)) return false;
+        constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return ok;
+}
+
 bool cpu_runs(const std::string& isa) {
     return isa == "generic" || (isa == "avx2" && cpu_has_avx2()) || (isa == "avx512" && cpu_has_avx512()) ||
-           (isa == "avx512bf16" && cpu_has_avx512bf16());
+           (isa == "avx512bf16" && cpu_has_avx512bf16()) || (isa == "amx" && cpu_has_amx());
 }
 
 Kernels table(const std::string& isa) {
+    if (isa == "amx") return SGLK_TABLE(amx);
     if (isa == "avx512bf16") return SGLK_TABLE(avx512bf16);
     if (isa == "avx512") return SGLK_TABLE(avx512);
     if (isa == "avx2") return SGLK_TABLE(avx2);
     return SGLK_TABLE(generic);
 }
 
-// The best kernels this CPU runs; SGL_KERNEL_ISA=generic|avx2|avx512|avx512bf16 asks for another one
+// The best kernels this CPU runs; SGL_KERNEL_ISA=generic|avx2|avx512|avx512bf16|amx asks for another one
 // (ignored when the CPU lacks it).
 std::string initial_isa() {
     const char* want = std::getenv("SGL_KERNEL_ISA");
     if (want && cpu_runs(want)) return want;
-    return cpu_has_avx512bf16() ? "avx512bf16" : cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
+    return cpu_has_amx()          ? "amx"
+           : cpu_has_avx512bf16() ? "avx512bf16"
+           : cpu_has_avx512()     ? "avx512"
+           : cpu_has_avx2()       ? "avx2"
+                                  : "generic";
 }
 
 }  // namespace
@@ -412,7 +435,7 @@ void apply_token_bitmask_(at::Tensor& logits, const at::Tensor& bitmask, int64_t
 
 // Switches the kernel set (tests and benchmarks compare them); returns the one now in use.
 std::string use_isa(const std::string& name) {
-    TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512" || name == "avx512bf16",
+    TORCH_CHECK(name == "generic" || name == "avx2" || name == "avx512" || name == "avx512bf16" || name == "amx",
                 "sgl_kernel: unknown ISA ", name);
     TORCH_CHECK(cpu_runs(name), "sgl_kernel: this CPU cannot run the ", name, " kernels");
     kernels() = table(name);

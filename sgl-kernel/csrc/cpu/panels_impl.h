@@ -11,8 +11,9 @@
 // fp32 (F32_PANELS): [N / 32][K][32], i.e. the same pair rows of 64 values with k and k + 1 one
 // after the other (no padding row for an odd K).
 // Kernel sets without AVX512-BF16 read fp32 activations (linear_ops.cpp converts them): AVX2 has
-// tiles of its own for both layouts (panels_avx2_impl.h), AVX512-BF16 for bf16 panels only, the
-// others a plain loop (only when asked for with use_isa).
+// tiles of its own for both layouts (panels_avx2_impl.h), AVX512-BF16 for bf16 panels only (and
+// AMX, the amx set, for bf16 panels with K a multiple of 32: panels_amx_impl.h), the others a
+// plain loop (only when asked for with use_isa).
 
 namespace {
 
@@ -218,9 +219,16 @@ void linear_panels_w(const LinearArgs& a, int64_t p0, int64_t p1) {
     else gated ? linear_panels_t<bf16_t, true, TW>(a, p0, p1) : linear_panels_t<bf16_t, false, TW>(a, p0, p1);
 }
 
+#if SGLK_AMX
+#include "panels_amx_impl.h"
+#endif
+
 }  // namespace
 
 void linear_panels(const LinearArgs& a, int64_t panel_begin, int64_t panel_end) {
+#if SGLK_AMX
+    if (amx_takes(a)) return amx_panels(a, panel_begin, panel_end);
+#endif
     if (a.wtype == WType::F32_PANELS) linear_panels_w<float>(a, panel_begin, panel_end);
     else linear_panels_w<bf16_t>(a, panel_begin, panel_end);
 }

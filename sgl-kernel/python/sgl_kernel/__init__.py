@@ -3,8 +3,8 @@
 `load()` loads the library that `sgl-kernel/build.py` built (or the one `SGL_KERNEL_LIBRARY`
 names) and says whether it could; `SGLANG_DISABLE_SGL_KERNEL=1` makes it say no, so that the
 torch fallbacks run. The ops and the torch expressions they compute are listed in
-`sgl-kernel/csrc/cpu/ops.cpp`; `isa()` is the kernel set this CPU runs (generic, avx2, avx512
-or avx512bf16, chosen at run time; `SGL_KERNEL_ISA` asks for a lower one).
+`sgl-kernel/csrc/cpu/ops.cpp`; `isa()` is the kernel set this CPU runs (generic, avx2, avx512,
+avx512bf16 or amx, chosen at run time; `SGL_KERNEL_ISA` asks for a lower one).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _load():
 
 
 def isa() -> str:
-    """The kernel set in use: "generic", "avx2", "avx512" or "avx512bf16" ("torch" without the library)."""
+    """The kernel set in use: "generic", "avx2", "avx512", "avx512bf16" or "amx" ("torch" without the library)."""
     return torch.ops.sgl_kernel.isa() if load() else "torch"
 
 
@@ -61,7 +61,7 @@ def supported_isas() -> list:
     """The kernel sets this CPU can run, lowest first (empty without the library)."""
     if not load():
         return []
-    return [name for name in ("generic", "avx2", "avx512", "avx512bf16") if torch.ops.sgl_kernel.cpu_supports(name)]
+    return [name for name in ("generic", "avx2", "avx512", "avx512bf16", "amx") if torch.ops.sgl_kernel.cpu_supports(name)]
 
 
 def use_isa(name: str) -> str:

@@ -218,7 +218,7 @@ def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes
     assert _measure_in_a_fresh_process("0")["source"].startswith("measured")
 
 
-@pytest.mark.parametrize("isa", ["avx512bf16", "avx2"])
+@pytest.mark.parametrize("isa", ["amx", "avx512bf16", "avx2"])
 def test_bf16_weights_go_into_panels_and_take_every_batch_size(monkeypatch, tmp_path, isa):
     """On the kernel sets with a panel kernel (AVX512-BF16, AVX2) a bf16 weight of 32k rows is
     packed in panels, its kernel takes 1 row to prefill sizes (nothing to measure), and a weight

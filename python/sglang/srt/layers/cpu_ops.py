@@ -66,16 +66,16 @@ def describe() -> str:
 
 
 def isa_name() -> str:
-    """The kernel set the ops run ("avx2", "avx512bf16", ...), "torch" for the fallbacks."""
+    """The kernel set the ops run ("avx2", "avx512bf16", "amx", ...), "torch" for the fallbacks."""
     return _sgl_kernel.isa() if available() else "torch"
 
 
 def linear_panels_enabled(dtype: torch.dtype) -> bool:
     """Whether linear weights of `dtype` go into sgl-kernel's panel layout at load time
-    (layers/linear.py `pack_linear_weights`): bf16 on the AVX512-BF16 kernel set (vdpbf16ps) and
+    (layers/linear.py `pack_linear_weights`): bf16 on the AMX and AVX512-BF16 kernel sets (tiles, vdpbf16ps) and
     the AVX2 one (FMA, the weights converted in registers), fp32 on the AVX2 one; unless
     SGLANG_CPU_LINEAR_PANELS=0 (then oneDNN's blocked copy, as on other CPUs)."""
-    sets = {torch.bfloat16: ("avx512bf16", "avx2"), torch.float32: ("avx2",)}.get(dtype, ())
+    sets = {torch.bfloat16: ("amx", "avx512bf16", "avx2"), torch.float32: ("avx2",)}.get(dtype, ())
     return isa_name() in sets and os.environ.get("SGLANG_CPU_LINEAR_PANELS", "1") != "0"
 
 

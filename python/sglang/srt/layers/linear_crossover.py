@@ -84,9 +84,9 @@ def measure_panel_rows(model: nn.Module, candidates: Sequence[int] = PANEL_CANDI
     (layers/fused_decode.py). Returns (rows, source) with rows None for every row; (None, "")
     without such weights. Kept in the same cache as `measure_small_m_rows`; SGLANG_CPU_PANEL_ROWS=N fixes it.
 
-    On the Intel AVX-512 + AMX kind oneDNN's bf16 tiles win from 8 rows (2.2x at 32 rows, 6.6x at
-    512 over a pass of the default model's layers; benchmark/RESULTS.md), which made its prefill
-    and batch-16+ decode the panels' speed before this measurement existed.
+    On the Intel AVX-512 + AMX kind oneDNN's bf16 tiles beat the vdpbf16ps panels from 8 rows (2.2x
+    at 32 rows, 6.6x at 512 over a pass of the default model's layers; benchmark/RESULTS.md); the
+    panels' own AMX tiles (the `amx` kernel set) move the crossover to 128-256 rows.
     """
     mods = [m for m in cpu_linear_modules(model) if getattr(m, "onednn_weight", None) is not None]
     if not mods:

@@ -1,0 +1,139 @@
+// AMX tiles for bf16 panels, included by isa_amx.cpp at the end of panels_impl.h's namespace (it
+// uses panel_store and gated_store). The amx set is the avx512bf16 set plus this: its
+// linear_panels hands bf16 panels with K a multiple of 32 here, everything else to the vdpbf16ps
+// tiles.
+//
+// The panel layout already is the operand tdpbf16ps takes for B: a panel's pair row is 32
+// features x (k, k + 1), 128 bytes, so 16 pair rows from a 64-byte offset are one B tile
+// (32 k x 16 features, row stride 128 bytes) and the panel is two of them side by side. A tiles are
+// 16 activation rows x 32 k read in place (row stride ldx). Per k block of 32, with 16-row groups
+// g and g + 1: C0 += A_g B_lo, C1 += A_g B_hi, C2 += A_g+1 B_lo, C3 += A_g+1 B_hi (tmm0-3 sums,
+// tmm4-5 A, tmm6-7 B); gated, the same over the gate panel and then over its up panel. A panel
+// comes from memory once per block of 192 rows, and while the tiles work on it, the next one is
+// prefetched into L2 (without that, 64 rows took 31 ms over the default model's weights, 19 with
+// it; oneDNN 21). The sums go through a 16 x 16 fp32 buffer per tile to the same stores as
+// the vector tiles (bias, rounding, SiLU), so a gated call equals linear + silu_and_mul bit for bit.
+// Every output is one k-ordered chain of tdpbf16ps, whatever the rows beside it, so rows do not
+// change each other's results.
+
+struct alignas(64) AmxTileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// A and C tiles of `rows` rows, B tiles of 16 pair rows; every tile 64 bytes wide.
+inline void amx_configure(int rows) {
+    AmxTileConfig c;
+    for (int t = 0; t < 8; ++t) {
+        c.rows[t] = t >= 6 ? 16 : rows;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+inline bool amx_takes(const LinearArgs& a) {
+    return a.wtype == WType::BF16_PANELS && a.xb != nullptr && a.K % 32 == 0 && a.K > 0;
+}
+
+// Rows of groups g (x0, row stride s0) and g + 1 (x1, or nullptr) times one panel w: the sums of
+// g into c[0] (features 0-15) and c[1] (16-31), of g + 1 into c[2], c[3], each 16 x 16 fp32.
+// Meanwhile `pf_step` bytes a k block from pf on (the next panel's share, or nullptr) go to L2.
+inline void amx_tiles(const bf16_t* w, int64_t kblocks, const bf16_t* x0, int64_t s0, const bf16_t* x1, int64_t s1,
+                      const char* pf, int64_t pf_step, int64_t pf_end, float (*c)[16 * 16]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+        if (pf)
+            for (int64_t o = kb * pf_step; o < imin_((kb + 1) * pf_step, pf_end); o += 64) __builtin_prefetch(pf + o, 0, 2);
+        const bf16_t* b = w + kb * 16 * 2 * kPanel;
+        _tile_loadd(4, x0 + kb * 32, s0);
+        _tile_loadd(6, b, 4 * kPanel);
+        _tile_loadd(7, b + kPanel, 4 * kPanel);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (x1) {
+            _tile_loadd(5, x1 + kb * 32, s1);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (x1) {
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+    }
+}
+
+template <typename TY, bool GATED>
+void amx_panels_t(const LinearArgs& a, int64_t p0, int64_t p1) {
+    const int64_t M = a.M, K = a.K, kblocks = K / 32;
+    // Fewer than 16 rows: tiles of M rows. More: 16-row tiles, the rows past the last whole group
+    // from a zero-padded copy (an A tile loads all its rows).
+    const int rows = static_cast<int>(imin_(M, 16));
+    const int64_t groups = (M + 15) / 16, in_place = M < 16 ? M : M / 16 * 16;
+    std::vector<bf16_t> tail;
+    if (in_place < M) {
+        tail.assign(16 * K, 0);
+        for (int64_t m = in_place; m < M; ++m)
+            __builtin_memcpy(tail.data() + (m - in_place) * K, a.xb + m * a.ldx, K * sizeof(bf16_t));
+    }
+    auto group_rows = [&](int64_t g) { return g * 16 < in_place ? a.xb + g * 16 * a.ldx : tail.data(); };
+    auto group_stride = [&](int64_t g) { return (g * 16 < in_place ? a.ldx : K) * static_cast<int64_t>(sizeof(bf16_t)); };
+    alignas(64) float c[4][16 * 16], cu[4][16 * 16];  // sums (GATED: of the gate panel), of the up panel
+    constexpr int64_t kGroupBlock = kPanelRowBlock / 16;  // row groups per pass over the panels (in L2)
+    const int64_t panel_bytes = a.ldw * static_cast<int64_t>(sizeof(bf16_t));
+    const int64_t up_elems = a.up_offset * a.ldw;
+    amx_configure(rows);
+    for (int64_t gb = 0; gb < groups; gb += kGroupBlock) {
+        const int64_t ge = imin_(groups, gb + kGroupBlock);
+        // Each pass over a panel's k blocks (one per pair of groups) prefetches its share of the
+        // next panel into L2 (GATED: the up pass, of the next up panel), so that the stream from
+        // memory overlaps the tiles' work.
+        const int64_t passes = (ge - gb + 1) / 2, share = (panel_bytes + passes - 1) / passes;
+        const int64_t pf_step = (share + kblocks - 1) / kblocks;
+        for (int64_t p = p0; p < p1; ++p) {
+            const bf16_t* w = static_cast<const bf16_t*>(a.w) + p * a.ldw;
+            const int64_t next = p + 1 < p1 ? p + 1 : (ge < groups ? p0 : -1);
+            const char* pf_panel = next < 0 ? nullptr : static_cast<const char*>(a.w) + next * panel_bytes;
+            for (int64_t g = gb; g < ge; g += 2) {
+                const bool two = g + 1 < ge;
+                const bf16_t* x0 = group_rows(g);
+                const bf16_t* x1 = two ? group_rows(g + 1) : nullptr;
+                const int64_t s0 = group_stride(g), s1 = two ? group_stride(g + 1) : 0;
+                const int64_t offset = (g - gb) / 2 * share, end = imax_(0, imin_(share, panel_bytes - offset));
+                const char* pf = pf_panel ? pf_panel + offset : nullptr;
+                amx_tiles(w, kblocks, x0, s0, x1, s1, pf, pf_step, end, c);
+                if constexpr (GATED) {
+                    amx_tiles(w + up_elems, kblocks, x0, s0, x1, s1, pf ? pf + up_elems * sizeof(bf16_t) : nullptr,
+                              pf_step, end, cu);
+                }
+                for (int64_t h = 0; h < (two ? 2 : 1); ++h) {
+                    for (int64_t r = 0; r < imin_(16, M - (g + h) * 16); ++r) {
+                        const int64_t m = (g + h) * 16 + r;
+                        const float* lo = c[2 * h] + r * 16;
+                        const float* hi = c[2 * h + 1] + r * 16;
+                        if constexpr (GATED) {
+                            gated_store<TY>(a, m, p, 0, vld<float>(lo), vld<float>(cu[2 * h] + r * 16));
+                            gated_store<TY>(a, m, p, 16, vld<float>(hi), vld<float>(cu[2 * h + 1] + r * 16));
+                        } else {
+                            panel_store<TY>(a, m, p * kPanel, 0, vld<float>(lo));
+                            panel_store<TY>(a, m, p * kPanel, 16, vld<float>(hi));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    _tile_release();  // back to the init state: no tile data to save on a context switch
+}
+
+inline void amx_panels(const LinearArgs& a, int64_t p0, int64_t p1) {
+    const bool gated = a.up_offset > 0;
+    if (a.ytype == DType::F32) gated ? amx_panels_t<float, true>(a, p0, p1) : amx_panels_t<float, false>(a, p0, p1);
+    else gated ? amx_panels_t<bf16_t, true>(a, p0, p1) : amx_panels_t<bf16_t, false>(a, p0, p1);
+}
