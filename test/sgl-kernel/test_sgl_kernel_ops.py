@@ -229,6 +229,32 @@ def test_linear_silu_mul_is_silu_and_mul_of_linear(isa, M, I, K, packed):
         _close(got, ops.silu_and_mul(F.linear(x32, w.float(), bias.float())), torch.float32)
 
 
+def test_fp32_panel_tiles_give_the_same_bits_on_every_set():
+    """The AVX2 tiles and the 512-bit ones sum every fp32 output as one FMA chain in k order, so a
+    model's fp32 results do not depend on which of those kernel sets the machine picks (odd K,
+    every tile size, gated and plain, a bias)."""
+    sets = [s for s in sgl_kernel.supported_isas() if s in ("avx2", "avx512", "avx512bf16", "amx")]
+    if len(sets) < 2:
+        pytest.skip(f"needs the AVX2 and a 512-bit kernel set, this CPU runs {sets}")
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(128, 577, generator=g) / 24
+    bias = torch.randn(128, generator=g)
+    packed = ops.pack_linear_weight(w)
+    before = sgl_kernel.isa()
+    try:
+        for M in (1, 2, 5, 13, 200):
+            x = torch.randn(M, 577, generator=g)
+            got = {}
+            for name in sets:
+                sgl_kernel.use_isa(name)
+                got[name] = (ops.linear(x, packed, None, bias), ops.linear_silu_mul(x, packed, None, bias))
+            for name in sets[1:]:
+                assert torch.equal(got[name][0], got[sets[0]][0]), (M, name)
+                assert torch.equal(got[name][1], got[sets[0]][1]), (M, name)
+    finally:
+        sgl_kernel.use_isa(before)
+
+
 def _torch_rmsnorm(x, w, eps):  # the layer's arithmetic (layers/layernorm.py)
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), w, eps)

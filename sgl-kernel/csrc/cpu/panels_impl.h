@@ -11,9 +11,9 @@
 // fp32 (F32_PANELS): [N / 32][K][32], i.e. the same pair rows of 64 values with k and k + 1 one
 // after the other (no padding row for an odd K).
 // Kernel sets without AVX512-BF16 read fp32 activations (linear_ops.cpp converts them): AVX2 has
-// tiles of its own for both layouts (panels_avx2_impl.h), AVX512-BF16 for bf16 panels only (and
-// AMX, the amx set, for bf16 panels with K a multiple of 32: panels_amx_impl.h), the others a
-// plain loop (only when asked for with use_isa).
+// tiles of its own for both layouts (panels_avx2_impl.h), AVX512-BF16 for bf16 panels (and AMX,
+// the amx set, for bf16 panels with K a multiple of 32: panels_amx_impl.h), every 512-bit set for
+// fp32 panels (panel_tile_f32), the generic set a plain loop (only when asked for with use_isa).
 
 namespace {
 
@@ -143,8 +143,77 @@ void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, co
 #include "panels_avx2_impl.h"
 #endif
 
+#if SGLK_VEC_BYTES == 64
+// fp32 panels on 512-bit sets: rows [m0, m0 + R) x 32 features (GATED: and the up panel's 32),
+// each k's two panel vectors times the rows' broadcast x[k], one FMA chain per output in k order:
+// the AVX2 tiles' arithmetic, so both sets give the same bits. Prefetch as panel_tile.
+template <typename TY, int R, bool GATED>
+void panel_tile_f32(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
+    static_assert(VL == 16, "the fp32 panel tile is written for 512-bit vectors");
+    constexpr int RU = GATED ? R : 1;
+    const float* w = static_cast<const float*>(a.w) + panel * a.ldw;
+    const float* wu = w + a.up_offset * a.ldw;
+    const int64_t up_bytes = a.up_offset * a.ldw * static_cast<int64_t>(sizeof(float));
+    const float* x = a.x + m0 * a.ldx;
+    __m512 c0[R], c1[R], c2[RU], c3[RU];
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < RU; ++r) c2[r] = c3[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < a.K; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(w + k * kPanel), b1 = _mm512_loadu_ps(w + k * kPanel + 16);
+        __m512 u0 = b0, u1 = b1;
+        if constexpr (GATED) {
+            u0 = _mm512_loadu_ps(wu + k * kPanel);
+            u1 = _mm512_loadu_ps(wu + k * kPanel + 16);
+        }
+        if (pf && !(k & 1)) prefetch_share<GATED>(pf + (k / 2) * pf_step, pf_step, up_bytes);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_set1_ps(x[r * a.ldx + k]);
+            c0[r] = _mm512_fmadd_ps(xv, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(xv, b1, c1[r]);
+            if constexpr (GATED) {
+                c2[r] = _mm512_fmadd_ps(xv, u0, c2[r]);
+                c3[r] = _mm512_fmadd_ps(xv, u1, c3[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        if constexpr (GATED) {
+            gated_store<TY>(a, m0 + r, panel, 0, vf(c0[r]), vf(c2[r]));
+            gated_store<TY>(a, m0 + r, panel, 16, vf(c1[r]), vf(c3[r]));
+        } else {
+            panel_store<TY>(a, m0 + r, panel * kPanel, 0, vf(c0[r]));
+            panel_store<TY>(a, m0 + r, panel * kPanel, 16, vf(c1[r]));
+        }
+    }
+}
+
+template <typename TY, bool GATED>
+void panel_rows_f32(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
+    if constexpr (!GATED) {
+        switch (rows) {
+            case 12: return panel_tile_f32<TY, 12, GATED>(a, m0, panel, pf, pf_step);
+            case 11: return panel_tile_f32<TY, 11, GATED>(a, m0, panel, pf, pf_step);
+            case 10: return panel_tile_f32<TY, 10, GATED>(a, m0, panel, pf, pf_step);
+            case 9: return panel_tile_f32<TY, 9, GATED>(a, m0, panel, pf, pf_step);
+            case 8: return panel_tile_f32<TY, 8, GATED>(a, m0, panel, pf, pf_step);
+            case 7: return panel_tile_f32<TY, 7, GATED>(a, m0, panel, pf, pf_step);
+            default: break;
+        }
+    }
+    switch (rows) {
+        case 6: return panel_tile_f32<TY, 6, GATED>(a, m0, panel, pf, pf_step);
+        case 5: return panel_tile_f32<TY, 5, GATED>(a, m0, panel, pf, pf_step);
+        case 4: return panel_tile_f32<TY, 4, GATED>(a, m0, panel, pf, pf_step);
+        case 3: return panel_tile_f32<TY, 3, GATED>(a, m0, panel, pf, pf_step);
+        case 2: return panel_tile_f32<TY, 2, GATED>(a, m0, panel, pf, pf_step);
+        default: return panel_tile_f32<TY, 1, GATED>(a, m0, panel, pf, pf_step);
+    }
+}
+#endif
+
 // The plain loop over either layout (fp32 rows of x): the kernel sets without a tile of their own
-// (and AVX512-BF16's for fp32 panels), which only the tests ask for (use_isa).
+// (generic; AVX-512 without BF16 for bf16 panels), which only the tests ask for (use_isa).
 template <typename TY, bool GATED, typename TW>
 void panel_rows_plain(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel) {
     constexpr bool kBf16 = sizeof(TW) == 2;
@@ -172,6 +241,9 @@ template <typename TY, bool GATED, typename TW>
 void panel_rows_any(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
 #if SGLK_BF16_DOT
     if constexpr (sizeof(TW) == 2) return panel_rows<TY, GATED>(a, m0, rows, panel, pf, pf_step);
+#endif
+#if SGLK_VEC_BYTES == 64
+    if constexpr (sizeof(TW) == 4) return panel_rows_f32<TY, GATED>(a, m0, rows, panel, pf, pf_step);
 #elif SGLK_VEC_BYTES == 32
     return panel_rows<TY, GATED, TW>(a, m0, rows, panel, pf, pf_step);
 #endif

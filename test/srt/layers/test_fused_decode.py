@@ -121,8 +121,8 @@ def test_fused_layer_steps_aside_for_batches_beyond_the_small_m_kernel(tmp_path,
 
 
 def test_fused_layer_takes_any_batch_over_panel_weights(tmp_path, monkeypatch):
-    """Where the weights are packed in panels (fp32 and bf16 on the AVX2 kernel set, bf16 on
-    AVX512-BF16), the fused layer runs beyond the small-M kernel's rows too, bit-identical to the
+    """Where the weights are packed in panels (fp32 on the AVX2 and 512-bit kernel sets, bf16 on
+    AVX2, AVX512-BF16 and AMX), the fused layer runs beyond the small-M kernel's rows too, bit-identical to the
     per-op path over the same panels."""
     monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "2")
     if not cpu_ops.linear_panels_enabled(torch.float32):

@@ -72,10 +72,10 @@ def isa_name() -> str:
 
 def linear_panels_enabled(dtype: torch.dtype) -> bool:
     """Whether linear weights of `dtype` go into sgl-kernel's panel layout at load time
-    (layers/linear.py `pack_linear_weights`): bf16 on the AMX and AVX512-BF16 kernel sets (tiles, vdpbf16ps) and
-    the AVX2 one (FMA, the weights converted in registers), fp32 on the AVX2 one; unless
-    SGLANG_CPU_LINEAR_PANELS=0 (then oneDNN's blocked copy, as on other CPUs)."""
-    sets = {torch.bfloat16: ("amx", "avx512bf16", "avx2"), torch.float32: ("avx2",)}.get(dtype, ())
+    (layers/linear.py `pack_linear_weights`): bf16 on the AMX and AVX512-BF16 kernel sets (tiles,
+    vdpbf16ps) and the AVX2 one (FMA, the weights converted in registers), fp32 on those and the
+    AVX-512 one (FMA tiles); unless SGLANG_CPU_LINEAR_PANELS=0 (then oneDNN's blocked copy)."""
+    sets = {torch.bfloat16: ("amx", "avx512bf16", "avx2"), torch.float32: ("amx", "avx512bf16", "avx512", "avx2")}.get(dtype, ())
     return isa_name() in sets and os.environ.get("SGLANG_CPU_LINEAR_PANELS", "1") != "0"
 
 

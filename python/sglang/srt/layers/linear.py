@@ -186,7 +186,7 @@ def is_panel_weight(packed_weight: Optional[torch.Tensor]) -> bool:
 def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> int:
     """Gives each module with a `packed_weight` slot a packed copy of its 2-D weight: where
     sgl-kernel has a panel kernel for the weight's dtype (`cpu_ops.linear_panels_enabled`: bf16 on
-    the AVX512-BF16 and AVX2 kernel sets, fp32 on AVX2), a weight whose rows are a multiple of 32
+    the AMX, AVX512-BF16 and AVX2 kernel sets, fp32 on those and AVX-512), a weight whose rows are a multiple of 32
     goes into its panels (`sgl_kernel.pack_linear_weight`; the kernel then takes every batch size,
     as fast as oneDNN from 64 rows and faster below), any other weight into a oneDNN-blocked copy.
 
