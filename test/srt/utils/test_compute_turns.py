@@ -89,3 +89,57 @@ def test_take_is_reentrant_and_give_back_idempotent(tmp_path):
     turns.close()
     assert not ComputeTurns(None).enabled and not ComputeTurns("").enabled
     assert ENV in ComputeTurns(os.devnull).describe()
+
+
+# A takes turns back to back (a decode server's steps); B asks for one now and then (a prefill
+# server with a new prompt) and prints when it asked and when it got it.
+HOG = r"""
+import json, sys, time
+from sglang.srt.utils.compute_turns import ComputeTurns
+path, n, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+turns = ComputeTurns(path)
+while time.monotonic() < start:
+    time.sleep(0.001)
+spans = []
+for _ in range(n):
+    turns.take()
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + 0.005:
+        pass
+    spans.append((t0, time.monotonic()))
+    turns.give_back()
+print(json.dumps(spans))
+"""
+ASKER = r"""
+import json, sys, time
+from sglang.srt.utils.compute_turns import ComputeTurns
+path, n, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+turns = ComputeTurns(path)
+while time.monotonic() < start + 0.05:
+    time.sleep(0.001)
+waits = []
+for _ in range(n):
+    asked = time.monotonic()
+    turns.take()
+    waits.append((asked, time.monotonic()))
+    turns.give_back()
+    time.sleep(0.02)
+print(json.dumps(waits))
+"""
+
+
+def test_a_waiting_scheduler_gets_the_next_turn(tmp_path):
+    """A scheduler that asks for a turn gets the one after the current: one that gives its turn back
+    and asks again at once (a decode loop) must not take it again first. With a bare flock the
+    releaser usually wins the race, so a prefill waited several decode steps per prompt."""
+    path = str(tmp_path / "turns")
+    start = time.monotonic() + 4.0
+    hog = subprocess.Popen([sys.executable, "-c", HOG, path, "300", str(start)], stdout=subprocess.PIPE, text=True)
+    asker = subprocess.Popen([sys.executable, "-c", ASKER, path, "20", str(start)], stdout=subprocess.PIPE, text=True)
+    waits = json.loads(asker.communicate(timeout=120)[0])
+    spans = json.loads(hog.communicate(timeout=120)[0])
+    assert hog.returncode == 0 and asker.returncode == 0
+    # the hog's turns that began while the asker waited: at most the one it was in when it asked
+    # (and one more for a turn that began in the instant between the two processes' clocks)
+    passed = [sum(1 for s, _ in spans if asked < s < got) for asked, got in waits if got < spans[-1][0]]
+    assert len(passed) >= 10 and max(passed) <= 1, passed

@@ -11,6 +11,13 @@ overlaps the other's batch.
 `flock` on it for each batch it runs (forward, sampling and output of one step) and gives it
 back when the step ends. `launch_pd` sets it for its two servers when their cores overlap (see
 `sglang.srt.disaggregation.launch_pd`); unset or empty: no turns.
+
+Turns are handed on in order: a scheduler waiting for one gets the next. A bare `flock` does not
+do that: the process that unlocks runs on and locks again before the woken waiter is scheduled,
+so a decode server stepping back to back kept the turn for 100+ steps while the prefill server
+waited with a new prompt. So a taker first passes a gate (`<path>.gate`), which it holds while it
+waits for the turn: the scheduler that just gave the turn back then queues at the gate behind it.
+A dead holder's locks go with its file descriptors, as before.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class ComputeTurns:
     def __init__(self, path: Optional[str]):
         self.path = path or None
         self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600) if self.path else None
+        self.gate_fd = os.open(self.path + ".gate", os.O_CREAT | os.O_RDWR, 0o600) if self.path else None
         self.held = False
         self.turns_taken = 0
 
@@ -42,7 +50,11 @@ class ComputeTurns:
     def take(self) -> None:
         if self.fd is None or self.held:
             return
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # first in line: whoever comes later waits here
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
         self.held = True
         self.turns_taken += 1
 
@@ -55,7 +67,8 @@ class ComputeTurns:
         self.give_back()
         if self.fd is not None:
             os.close(self.fd)
-            self.fd = None
+            os.close(self.gate_fd)
+            self.fd = self.gate_fd = None
 
     def describe(self) -> str:
         return f"compute turns: shared with every scheduler on {self.path} ({ENV})" if self.path else "compute turns: none"
