@@ -286,12 +286,5 @@ constexpr int64_t kPanelTileRowsHere = 6, kGatedTileRowsHere = 6;
 
 template <typename TY, bool GATED, typename TW>
 void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
-    switch (rows) {
-        case 6: return panel_tile<TY, TW, 6, GATED>(a, m0, panel, pf, pf_step);
-        case 5: return panel_tile<TY, TW, 5, GATED>(a, m0, panel, pf, pf_step);
-        case 4: return panel_tile<TY, TW, 4, GATED>(a, m0, panel, pf, pf_step);
-        case 3: return panel_tile<TY, TW, 3, GATED>(a, m0, panel, pf, pf_step);
-        case 2: return panel_tile<TY, TW, 2, GATED>(a, m0, panel, pf, pf_step);
-        default: return panel_tile<TY, TW, 1, GATED>(a, m0, panel, pf, pf_step);
-    }
+    with_rows<6>(rows, [&](auto r) { panel_tile<TY, TW, decltype(r)::value, GATED>(a, m0, panel, pf, pf_step); });
 }

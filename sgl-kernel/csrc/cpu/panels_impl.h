@@ -27,6 +27,31 @@ inline void panel_store(const LinearArgs& a, int64_t m, int64_t n0, int64_t j, v
     vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + n0 + j, v);
 }
 
+// Calls f(Rows<R>{}) with R = rows, for 1 <= rows <= MAX: the tile templates take the row count
+// as a compile-time constant.
+template <int R> struct Rows { static constexpr int value = R; };
+template <int MAX, typename F>
+inline void with_rows(int64_t rows, F&& f) {
+    if constexpr (MAX <= 1) f(Rows<1>{});
+    else if (rows >= MAX) f(Rows<MAX>{});
+    else with_rows<MAX - 1>(rows, f);
+}
+
+// What a tile of rows [m0, ...) x panel `panel` reads: the panel (w), GATED its up panel (wu, up_bytes
+// further) and the rows of x (TX: the activations this tile reads, xs their first row).
+template <typename TW, typename TX>
+struct TileOperands {
+    const TW* w;
+    const TW* wu;
+    int64_t up_bytes;
+    const TX* x;
+};
+template <typename TW, typename TX>
+inline TileOperands<TW, TX> tile_operands(const LinearArgs& a, int64_t m0, int64_t panel, const TX* xs) {
+    const TW* w = static_cast<const TW*>(a.w) + panel * a.ldw;
+    return {w, w + a.up_offset * a.ldw, a.up_offset * a.ldw * static_cast<int64_t>(sizeof(TW)), xs + m0 * a.ldx};
+}
+
 // Gated: outputs j.. j + 15 of gate panel `panel` from its gate and up sums, rounded as
 // silu_mul_t rounds what the unfused linear stored (same formula, same vexp).
 template <typename TY>
@@ -67,10 +92,7 @@ template <typename TY, int R, bool GATED>
 void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
     static_assert(VL == 16, "the bf16 panel tile is written for 512-bit vectors");
     constexpr int RU = GATED ? R : 1;
-    const bf16_t* w = static_cast<const bf16_t*>(a.w) + panel * a.ldw;
-    const bf16_t* wu = w + a.up_offset * a.ldw;
-    const int64_t up_bytes = a.up_offset * a.ldw * static_cast<int64_t>(sizeof(bf16_t));
-    const bf16_t* x = a.xb + m0 * a.ldx;
+    const auto [w, wu, up_bytes, x] = tile_operands<bf16_t>(a, m0, panel, a.xb);
     const int64_t pairs = a.K / 2;
     vf c0[R], c1[R], c2[RU], c3[RU];
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = vf{};
@@ -117,28 +139,6 @@ void panel_tile(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, 
     }
 }
 
-template <typename TY, bool GATED>
-void panel_rows(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
-    if constexpr (!GATED) {
-        switch (rows) {
-            case 12: return panel_tile<TY, 12, GATED>(a, m0, panel, pf, pf_step);
-            case 11: return panel_tile<TY, 11, GATED>(a, m0, panel, pf, pf_step);
-            case 10: return panel_tile<TY, 10, GATED>(a, m0, panel, pf, pf_step);
-            case 9: return panel_tile<TY, 9, GATED>(a, m0, panel, pf, pf_step);
-            case 8: return panel_tile<TY, 8, GATED>(a, m0, panel, pf, pf_step);
-            case 7: return panel_tile<TY, 7, GATED>(a, m0, panel, pf, pf_step);
-            default: break;
-        }
-    }
-    switch (rows) {
-        case 6: return panel_tile<TY, 6, GATED>(a, m0, panel, pf, pf_step);
-        case 5: return panel_tile<TY, 5, GATED>(a, m0, panel, pf, pf_step);
-        case 4: return panel_tile<TY, 4, GATED>(a, m0, panel, pf, pf_step);
-        case 3: return panel_tile<TY, 3, GATED>(a, m0, panel, pf, pf_step);
-        case 2: return panel_tile<TY, 2, GATED>(a, m0, panel, pf, pf_step);
-        default: return panel_tile<TY, 1, GATED>(a, m0, panel, pf, pf_step);
-    }
-}
 #elif SGLK_VEC_BYTES == 32
 #include "panels_avx2_impl.h"
 #endif
@@ -151,10 +151,7 @@ template <typename TY, int R, bool GATED>
 void panel_tile_f32(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
     static_assert(VL == 16, "the fp32 panel tile is written for 512-bit vectors");
     constexpr int RU = GATED ? R : 1;
-    const float* w = static_cast<const float*>(a.w) + panel * a.ldw;
-    const float* wu = w + a.up_offset * a.ldw;
-    const int64_t up_bytes = a.up_offset * a.ldw * static_cast<int64_t>(sizeof(float));
-    const float* x = a.x + m0 * a.ldx;
+    const auto [w, wu, up_bytes, x] = tile_operands<float>(a, m0, panel, a.x);
     __m512 c0[R], c1[R], c2[RU], c3[RU];
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
     for (int r = 0; r < RU; ++r) c2[r] = c3[r] = _mm512_setzero_ps();
@@ -188,27 +185,19 @@ void panel_tile_f32(const LinearArgs& a, int64_t m0, int64_t panel, const char* 
     }
 }
 
-template <typename TY, bool GATED>
-void panel_rows_f32(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
-    if constexpr (!GATED) {
-        switch (rows) {
-            case 12: return panel_tile_f32<TY, 12, GATED>(a, m0, panel, pf, pf_step);
-            case 11: return panel_tile_f32<TY, 11, GATED>(a, m0, panel, pf, pf_step);
-            case 10: return panel_tile_f32<TY, 10, GATED>(a, m0, panel, pf, pf_step);
-            case 9: return panel_tile_f32<TY, 9, GATED>(a, m0, panel, pf, pf_step);
-            case 8: return panel_tile_f32<TY, 8, GATED>(a, m0, panel, pf, pf_step);
-            case 7: return panel_tile_f32<TY, 7, GATED>(a, m0, panel, pf, pf_step);
-            default: break;
-        }
-    }
-    switch (rows) {
-        case 6: return panel_tile_f32<TY, 6, GATED>(a, m0, panel, pf, pf_step);
-        case 5: return panel_tile_f32<TY, 5, GATED>(a, m0, panel, pf, pf_step);
-        case 4: return panel_tile_f32<TY, 4, GATED>(a, m0, panel, pf, pf_step);
-        case 3: return panel_tile_f32<TY, 3, GATED>(a, m0, panel, pf, pf_step);
-        case 2: return panel_tile_f32<TY, 2, GATED>(a, m0, panel, pf, pf_step);
-        default: return panel_tile_f32<TY, 1, GATED>(a, m0, panel, pf, pf_step);
-    }
+// The 512-bit sets' tile for TW weights: vdpbf16ps for bf16 (AVX512-BF16 only), FMA for fp32.
+template <typename TY, typename TW, int R, bool GATED>
+inline void tile_512(const LinearArgs& a, int64_t m0, int64_t panel, const char* pf, int64_t pf_step) {
+#if SGLK_BF16_DOT
+    if constexpr (sizeof(TW) == 2) panel_tile<TY, R, GATED>(a, m0, panel, pf, pf_step);
+#endif
+    if constexpr (sizeof(TW) == 4) panel_tile_f32<TY, R, GATED>(a, m0, panel, pf, pf_step);
+}
+
+template <typename TY, bool GATED, typename TW>
+void panel_rows_512(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
+    with_rows<GATED ? kGatedTileRows : kPanelTileRows>(
+        rows, [&](auto r) { tile_512<TY, TW, decltype(r)::value, GATED>(a, m0, panel, pf, pf_step); });
 }
 #endif
 
@@ -239,11 +228,13 @@ void panel_rows_plain(const LinearArgs& a, int64_t m0, int64_t rows, int64_t pan
 // The tile this kernel set has for TW weights, or the plain loop.
 template <typename TY, bool GATED, typename TW>
 void panel_rows_any(const LinearArgs& a, int64_t m0, int64_t rows, int64_t panel, const char* pf, int64_t pf_step) {
-#if SGLK_BF16_DOT
-    if constexpr (sizeof(TW) == 2) return panel_rows<TY, GATED>(a, m0, rows, panel, pf, pf_step);
-#endif
 #if SGLK_VEC_BYTES == 64
-    if constexpr (sizeof(TW) == 4) return panel_rows_f32<TY, GATED>(a, m0, rows, panel, pf, pf_step);
+#if SGLK_BF16_DOT
+    constexpr bool kTile = true;
+#else
+    constexpr bool kTile = sizeof(TW) == 4;  // bf16 panels need vdpbf16ps
+#endif
+    if constexpr (kTile) return panel_rows_512<TY, GATED, TW>(a, m0, rows, panel, pf, pf_step);
 #elif SGLK_VEC_BYTES == 32
     return panel_rows<TY, GATED, TW>(a, m0, rows, panel, pf, pf_step);
 #endif
