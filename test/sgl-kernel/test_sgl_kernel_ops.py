@@ -198,6 +198,46 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
         ops.linear(torch.randn(3, 41), packed32, None, None)
 
 
+@pytest.mark.parametrize("M", [1, 7, 13, 64, 200])
+@pytest.mark.parametrize("N,K,packed", [(64, 576, True), (96, 33, True), (32, 1, True), (50, 96, False),
+                                        (7, 13, False)])
+def test_linear_fp32_out_is_the_bf16_linear_widened_or_the_fp32_sums(isa, M, N, K, packed):
+    """out_dtype=float32 for bf16 x (the LM head's logits): round_to_x stores exactly what the
+    bf16 linear then .float() gives (the panel tiles round in their store; the row-major path
+    widens its bf16 result); round_to_x=False stores the fp32 sums (--enable-fp32-lm-head),
+    which bf16's rounding does not hide."""
+    g = torch.Generator().manual_seed(M * 7 + N + K)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = torch.randn(N, K, generator=g).bfloat16()
+    bias = torch.randn(N, generator=g).bfloat16()
+    weight = ops.pack_linear_weight(w) if packed else w
+    for b in (bias, None):
+        widened = ops.linear(x, weight, None, b, torch.float32)
+        assert widened.dtype == torch.float32 and widened.shape == (M, N)
+        assert not widened.isnan().any()
+        assert torch.equal(widened, ops.linear(x, weight, None, b).float())
+        sums = ops.linear(x, weight, None, b, torch.float32, False)
+        assert sums.dtype == torch.float32 and not sums.isnan().any()
+        want = F.linear(x.float(), w.float(), None if b is None else b.float())
+        torch.testing.assert_close(sums, want, atol=1e-4, rtol=1e-4)
+        if K > 1:  # sums of products of bf16 values are rarely bf16 values themselves
+            assert not torch.equal(sums, widened)
+    assert torch.equal(ops.linear(x.float(), w.float(), None, bias.float(), torch.float32),
+                       ops.linear(x.float(), w.float(), None, bias.float()))
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        ops.linear(x, weight, None, None, torch.float16)
+
+
+def test_linear_fp32_out_of_int8_weights(isa):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 96, generator=g).bfloat16()
+    q = torch.randint(-127, 128, (40, 96), generator=g, dtype=torch.int8)
+    scale = torch.rand(40, generator=g) / 64
+    assert torch.equal(ops.linear(x, q, scale, None, torch.float32), ops.linear(x, q, scale, None).float())
+    want = F.linear(x.float(), q.float() * scale[:, None])
+    torch.testing.assert_close(ops.linear(x, q, scale, None, torch.float32, False), want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("M", [1, 5, 6, 7, 13, 40, 200])
 @pytest.mark.parametrize("I,K,packed", [(32, 1, True), (64, 33, True), (96, 576, True), (48, 64, True),
                                          (16, 40, False), (96, 33, False)])

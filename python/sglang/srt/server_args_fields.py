@@ -380,3 +380,5 @@ class ExecFields:
     triton_attention_reduce_in_fp32: bool = arg(False, "Cast the intermediate attention results to fp32 (triton backend).")
     disable_cuda_graph: bool = arg(False, "Disable cuda graph (deprecated upstream spelling; a no-op on CPU).")
     enable_torch_compile: bool = arg(False, "Optimize the model with torch.compile. Experimental feature.")
+    enable_fp32_lm_head: bool = arg(False, "If set, the LM head outputs (logits) are in FP32: the LM head's sums "
+                                           "in fp32, not rounded to the model dtype first.")

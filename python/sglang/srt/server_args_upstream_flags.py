@@ -111,7 +111,6 @@ UPSTREAM_ONLY_FLAGS = {
     'enable_flashinfer_allreduce_fusion': (('--enable-flashinfer-allreduce-fusion',), 'flag'),
     'enable_flexkv': (('--enable-flexkv',), 'flag'),
     'enable_forward_pass_metrics': (('--enable-forward-pass-metrics',), 'flag'),
-    'enable_fp32_lm_head': (('--enable-fp32-lm-head',), 'flag'),
     'enable_fused_moe_sum_all_reduce': (('--enable-fused-moe-sum-all-reduce',), 'flag'),
     'enable_fused_qk_norm_rope': (('--enable-fused-qk-norm-rope',), 'bool_optional'),
     'enable_hisparse': (('--enable-hisparse',), 'flag'),

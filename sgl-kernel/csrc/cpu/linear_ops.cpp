@@ -110,17 +110,26 @@ void check_panel_activations(const LinearWeights& l, DType xt) {
 }
 }  // namespace
 
-void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt) {
+void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt,
+                bool round_to_bf16) {
     const int64_t N = l.N, K = l.K;
     const auto& kt = kernels();
     at::Tensor x32;
+    round_to_bf16 = round_to_bf16 && xt == DType::BF16 && yt == DType::F32;
     if (is_panels(l.wtype)) {
         check_panel_activations(l, xt);
         const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
         LinearArgs a{in.xf, in.xb, M, K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                      nullptr, l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
+        a.round_to_bf16 = round_to_bf16;
         // two panels (64 outputs) at least per thread, so small layers stay on one
         at::parallel_for(0, N / kPanel, 2, [&](int64_t p0, int64_t p1) { kt.linear_panels(a, p0, p1); });
+        return;
+    }
+    if (round_to_bf16) {  // the row-major kernels store bf16, then widen (exact)
+        at::Tensor yb = at::empty({M, N}, at::TensorOptions().dtype(at::kBFloat16));
+        run_linear(l, x, xt, M, ldx, yb.data_ptr(), DType::BF16);
+        at::from_blob(y, {M, N}, at::TensorOptions().dtype(at::kFloat)).copy_(yb);
         return;
     }
     const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
@@ -154,27 +163,34 @@ void run_linear_silu_mul(const LinearWeights& l, const void* x, DType xt, int64_
 }
 
 namespace {
-// The linear ops' shared frame: x [..., K] as rows, w checked, y [..., N / (gated ? 2 : 1)].
+// The linear ops' shared frame: x [..., K] as rows, w checked, y [..., N / (gated ? 2 : 1)] of
+// x's dtype or fp32 (out_f32; round_to_x: rounded to x's dtype first).
 at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
-                     const c10::optional<at::Tensor>& bias, bool gated, const char* op) {
+                     const c10::optional<at::Tensor>& bias, bool gated, const char* op, bool out_f32 = false,
+                     bool round_to_x = true) {
     at::Tensor x2 = as_rows(x, "x");
     const int64_t M = x2.size(0), K = x2.size(1);
     const DType xt = dtype_of(x, "x");
     const LinearWeights l = linear_weights(w, w_scale, bias, K, op);
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = gated ? l.N / 2 : l.N;
-    at::Tensor y = at::empty(shape, x.options());
+    at::Tensor y = at::empty(shape, out_f32 ? x.options().dtype(at::kFloat) : x.options());
     if (M == 0 || l.N == 0) return y;
     if (gated) run_linear_silu_mul(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr());
-    else run_linear(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr(), xt);
+    else run_linear(l, x2.data_ptr(), xt, M, x2.stride(0), y.data_ptr(), out_f32 ? DType::F32 : xt, round_to_x);
     return y;
 }
 }  // namespace
 
-// x @ w.T (* w_scale[:, None] for int8 w) + bias, in x's dtype, fp32 accumulation.
+// x @ w.T (* w_scale[:, None] for int8 w) + bias, fp32 accumulation, in x's dtype or out_dtype
+// (x's or fp32). An fp32 result for bf16 x is linear(x).float() (round_to_x, in one pass: the panel
+// kernels store each sum rounded and widened), or the fp32 sums themselves (an fp32 LM head).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
-                  const c10::optional<at::Tensor>& bias) {
-    return linear_op(x, w, w_scale, bias, false, "sgl_kernel.linear");
+                  const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, bool round_to_x) {
+    const at::ScalarType yt = out_dtype.value_or(x.scalar_type());
+    TORCH_CHECK(yt == x.scalar_type() || yt == at::kFloat, "sgl_kernel.linear: out_dtype must be x's dtype or float32, got ",
+                yt);
+    return linear_op(x, w, w_scale, bias, false, "sgl_kernel.linear", yt != x.scalar_type(), round_to_x);
 }
 
 // silu(gate) * up of x @ w.T for a gate_up weight [2I, K] (gate rows first; any form linear

@@ -450,7 +450,8 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("isa() -> str", &sglk::isa);
     m.def("use_isa(str name) -> str", &sglk::use_isa);
     m.def("cpu_supports(str name) -> bool", &sglk::cpu_supports);
-    m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
+    m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias, ScalarType? out_dtype=None, "
+          "bool round_to_x=True) -> Tensor");
     m.def("linear_silu_mul(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
     m.def("pack_linear_weight(Tensor w) -> Tensor");
     m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");

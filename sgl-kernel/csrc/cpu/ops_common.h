@@ -46,7 +46,7 @@ struct LinearWeights {
 };
 at::Tensor pack_linear_weight(const at::Tensor& w);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
-                  const c10::optional<at::Tensor>& bias);
+                  const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, bool round_to_x);
 at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                            const c10::optional<at::Tensor>& bias);
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
@@ -56,7 +56,9 @@ LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor
 // y [M, N] (dtype yt, dense) = x @ w.T (* scale) + bias for x [M, K] of dtype xt (rows of stride
 // ldx); bf16 x is read as it is where the kernels multiply bf16 pairs (AVX512-BF16), else copied
 // to fp32 first (exactly). Panel weights need x of their dtype and split by panels of 32 outputs.
-void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt);
+// round_to_bf16 (bf16 x, fp32 y only): each output rounded to bf16 before it is widened.
+void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int64_t ldx, void* y, DType yt,
+                bool round_to_bf16 = false);
 // silu(x @ gate.T) * (x @ up.T) into y [M, N / 2] (dtype xt) for a gate_up weight (gate rows
 // first): panel weights in one pass that never stores the products, else run_linear into a
 // temporary and run_silu_and_mul; both round alike, so the results are bit-identical.

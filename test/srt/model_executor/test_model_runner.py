@@ -122,3 +122,29 @@ def test_hybrid_swa_pool_is_opt_in(model_dir, caplog):
     r = ModelRunner(model_dir, max_total_tokens=160, disable_tqdm=True,
                     disable_hybrid_swa_memory=True)
     assert not r.memory.is_hybrid_swa
+
+
+def test_enable_fp32_lm_head_gives_the_heads_fp32_sums(model_dir):
+    """--enable-fp32-lm-head reaches the LM head: its logits are the fp32 sums over the final
+    hidden states; without it, the bf16 head's result widened to fp32."""
+    from sglang.test.runner_utils import ManualDriver
+
+    prompt = random_prompt(20, seed=5)
+    logits, hidden = {}, {}
+    for flag in (False, True):
+        args = ServerArgs(model_path=model_dir, dtype="bfloat16", max_total_tokens=128, device="cpu",
+                          enable_fp32_lm_head=flag, disable_hybrid_swa_memory=True)
+        r = ModelRunner(model_dir, args, disable_tqdm=True)
+        drv = ManualDriver(r)
+        req = drv.new_request(prompt)
+        out = drv.extend([req], [list(prompt)], return_full_logits=False)
+        drv.free(req)
+        head = r.model.lm_head.weight.float()
+        logits[flag], hidden[flag] = out.next_token_logits, out.hidden_states.float()
+        sums = hidden[flag] @ head.T
+        if flag:
+            torch.testing.assert_close(logits[flag], sums, atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(logits[flag], sums.bfloat16().float(), atol=0, rtol=8e-3)
+    assert torch.equal(hidden[False], hidden[True])  # the flag changes the head only
+    assert not torch.equal(logits[False], logits[True])

@@ -41,6 +41,7 @@ class RunnerConfig:
     triton_attention_num_kv_splits: int = 8
     context_length: Optional[int] = None
     quantization: Optional[str] = None
+    enable_fp32_lm_head: bool = False
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> "RunnerConfig":

@@ -112,26 +112,37 @@ class QKVParallelLinear(MergedLinear):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            packed_weight: Optional[torch.Tensor] = None,
            int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-           onednn_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+           onednn_weight: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+           round_to_x: bool = True) -> torch.Tensor:
     """x @ weight.T + bias: sgl-kernel on a weight packed in panels (any rows, or up to
     `cpu_ops.panel_max_rows` when oneDNN has a copy beside them), else its small-M kernel for few
     rows (it reads bf16 and int8 weights as they are), else the oneDNN-packed copy of the weight
-    when there is one."""
+    when there is one.
+
+    `out_dtype` (x's dtype or fp32): the result's dtype. An fp32 result of bf16 x holds the bf16
+    result widened (`round_to_x`; sgl-kernel stores it in the same pass), or the fp32 sums
+    themselves (`round_to_x=False`: upstream's --enable-fp32-lm-head; off sgl-kernel, the operands
+    are upcast per call)."""
+    out_dtype = out_dtype or x.dtype
     if _takes_panels(x, packed_weight, int8_weight, onednn_weight):
-        return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias)
+        return torch.ops.sgl_kernel.linear(x, packed_weight, None, bias, out_dtype, round_to_x)
     if cpu_ops.enabled(x) and x.numel():
         rows = x.numel() // x.shape[-1]
         if int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
-            return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias)
+            return torch.ops.sgl_kernel.linear(x, int8_weight[0], int8_weight[1], bias, out_dtype, round_to_x)
         if onednn_weight is None and x.dtype == weight.dtype and rows <= cpu_ops.linear_max_rows(x.dtype):
-            return torch.ops.sgl_kernel.linear(x, weight, None, bias)
-    return _large_m_linear(x, weight, bias, packed_weight if onednn_weight is None else onednn_weight)
+            return torch.ops.sgl_kernel.linear(x, weight, None, bias, out_dtype, round_to_x)
+    if out_dtype != x.dtype and not round_to_x:
+        return F.linear(x.to(out_dtype), weight.to(out_dtype), None if bias is None else bias.to(out_dtype))
+    y = _large_m_linear(x, weight, bias, packed_weight if onednn_weight is None else onednn_weight)
+    return y.to(out_dtype)
 
 
-def module_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def module_linear(module: nn.Module, x: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
+                  round_to_x: bool = True) -> torch.Tensor:
     """`linear` with a linear layer's (or the LM head's) weights and their packed copies."""
     return linear(x, module.weight, getattr(module, "bias", None), getattr(module, "packed_weight", None),
-                  getattr(module, "int8_weight", None), getattr(module, "onednn_weight", None))
+                  getattr(module, "int8_weight", None), getattr(module, "onednn_weight", None), out_dtype, round_to_x)
 
 
 def panels_take(packed_weight: Optional[torch.Tensor], onednn_weight: Optional[torch.Tensor],

@@ -3,7 +3,9 @@
 `next_token_logits` [B, V] are the logits after the last new token of each request (what the
 sampler needs). `full_logits` [num_tokens, V] are the logits of every new token, computed only
 when `forward_batch.return_full_logits` is set (prompt logprobs, parity tests); otherwise the
-LM head runs on B rows only. Logits are returned in fp32 whatever the model dtype.
+LM head runs on B rows only. Logits are returned in fp32 whatever the model dtype: the LM head's
+result in the model dtype, widened (sgl-kernel's panels store it so in one pass), or with
+`fp32_lm_head` (--enable-fp32-lm-head, set by the model runner) its fp32 sums, unrounded.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def last_token_indices(forward_batch) -> torch.Tensor:
 
 
 class LogitsProcessor(nn.Module):
+    fp32_lm_head: bool = False  # --enable-fp32-lm-head: logits are the LM head's fp32 sums
+
     def __init__(self, config=None, logit_scale: Optional[float] = None, final_logit_softcapping: Optional[float] = None):
         super().__init__()
         self.logit_scale = logit_scale
@@ -45,7 +49,7 @@ class LogitsProcessor(nn.Module):
             self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = module_linear(lm_head, hidden).float()
+        logits = module_linear(lm_head, hidden, torch.float32, round_to_x=not self.fp32_lm_head)
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.final_logit_softcapping:

@@ -34,7 +34,7 @@ from sglang.srt.layers import cpu_ops, quantization
 from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights
 from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
-from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
 from sglang.srt.model_loader.loader import get_model, load_hf_config, resolve_dtype
 
@@ -96,6 +96,10 @@ class ModelRunner:
                                show_progress=not self.disable_tqdm)
         if self.device == "cpu":
             logger.info(cpu_ops.describe())
+        if self.config.enable_fp32_lm_head:
+            for module in self.model.modules():
+                if isinstance(module, LogitsProcessor):
+                    module.fp32_lm_head = True
         if self.config.quantization == quantization.METHOD:
             if self.device != "cpu" or not cpu_ops.available():
                 raise ValueError(f"--quantization {quantization.METHOD} runs on CPU with sgl-kernel built; "
