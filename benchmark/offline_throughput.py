@@ -21,6 +21,10 @@ generate call, prefill included), TTFT (wall time of the same batch with 1 outpu
 of the engine's process tree, our ratio to each peer, the share of the roofline decode ceiling
 (benchmark/roofline.py) reached, and the TTFT's distance to the compute floor of its prefill
 ("TTFT % of floor" = least prefill time at the GEMM rate / TTFT: 100% is the ceiling).
+"% of ceiling" counts the whole generate call, so a workload whose prompts are longer than its
+outputs cannot come near 100% (64:32:16 spends two thirds of its token forwards on prefill);
+"decode % of ceiling" takes the decode steps alone: batch x (output - 1) tokens over the call's
+time less its TTFT (the same batch's prefill, measured beside it).
 
     python benchmark/offline_throughput.py                       # defaults: ~5 min (busy machine: ~7)
     python benchmark/offline_throughput.py --configs default:bfloat16 --threads 1
@@ -138,15 +142,19 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
     rows = []
     for wl in workloads:
         ours = statistics.median(results[(wl["name"], "ours")]["tps"])
+        decode_tokens = wl["batch"] * (wl["output_len"] - 1)
         ctx = wl["input_len"] + wl["output_len"] // 2
         ceiling = decode_ceiling(shape, rates, dtype, wl["batch"], ctx)["ceiling_tps"] if rates else None
         floor_ms = 1000 * prefill_floor_s(shape, rates, dtype, wl["batch"], wl["input_len"]) if rates else None
         for n in names:
             r = results[(wl["name"], n)]
             tps, ttft = statistics.median(r["tps"]), 1000 * statistics.median(r["ttft"])
+            decode_s = wl["batch"] * wl["output_len"] / tps - ttft / 1000
+            decode_tps = decode_tokens / decode_s if decode_tokens and decode_s > 0 else None
             rows.append([f"{model}:{dtype}", wl["name"], PEER_NAMES[n], tps, ttft,
                          rss[n], "" if n == "ours" else f"{ours / tps:.2f}x",
                          f"{100 * tps / ceiling:.0f}%" if ceiling else "-",
+                         f"{100 * decode_tps / ceiling:.0f}%" if ceiling and decode_tps else "-",
                          f"{100 * floor_ms / ttft:.0f}%" if floor_ms else "-"])
     return rows
 
@@ -180,7 +188,7 @@ def main():
               f"{rates['gemm_gflops_bfloat16']:.0f} GFLOP/s, copy {rates['copy_gbps']:.1f} GB/s", flush=True)
     workloads = [parse_workload(s) for s in args.workloads]
     headers = ["model:dtype", "workload", "engine", "out tok/s", "TTFT ms", "peak RSS MiB", "ours / engine",
-               "% of ceiling", "TTFT % of floor"]
+               "% of ceiling", "decode % of ceiling", "TTFT % of floor"]
     rows = []
     for item in args.configs:
         model, dtype = item.rsplit(":", 1)
