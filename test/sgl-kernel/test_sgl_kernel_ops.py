@@ -203,8 +203,8 @@ def test_linear_panels_strided_rows_leading_dims_and_checks(isa):
                                         (7, 13, False)])
 def test_linear_fp32_out_is_the_bf16_linear_widened_or_the_fp32_sums(isa, M, N, K, packed):
     """out_dtype=float32 for bf16 x (the LM head's logits): round_to_x stores exactly what the
-    bf16 linear then .float() gives (the panel tiles round in their store; the row-major path
-    widens its bf16 result); round_to_x=False stores the fp32 sums (--enable-fp32-lm-head),
+    bf16 linear then .float() gives (panel tiles and row-major tiles, the vector and the scalar
+    epilogue, round in their store); round_to_x=False stores the fp32 sums (--enable-fp32-lm-head),
     which bf16's rounding does not hide."""
     g = torch.Generator().manual_seed(M * 7 + N + K)
     x = torch.randn(M, K, generator=g).bfloat16()

@@ -33,8 +33,8 @@ struct LinearArgs {
     void* y;             // [M, N] output of type ytype (row stride ldy)
     int64_t ldy;
     DType ytype;
-    // *_PANELS only, fp32 y: each output rounded to bf16 first, i.e. the bf16 linear widened to
-    // fp32 in the same pass (what linear(x) then .float() stores, without the bf16 round trip).
+    // fp32 y: each output rounded to bf16 first, i.e. the bf16 linear widened to fp32 in the
+    // same pass (what linear(x) then .float() stores, without the bf16 round trip).
     bool round_to_bf16 = false;
     // *_PANELS only, > 0: a gated MLP's gate_up, up rows `up_offset` panels after the gate's;
     // y [M, ldy] = silu(x @ gate.T) * (x @ up.T) over the gate panels, each product rounded to

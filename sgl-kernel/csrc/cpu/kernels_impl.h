@@ -307,6 +307,11 @@ inline void finish_tile(const LinearArgs& a, const TX* x, const TW* w, const vf 
             for (int j = 0; j < NR; ++j) v[j] += tail_dot(xi, w + j * a.ldw, k, a.K);
             if (a.w_scale) v *= v8load(a.w_scale + n);
             if (a.bias) v += v8load(a.bias + n);
+            if constexpr (std::is_same_v<TY, float>)
+                if (a.round_to_bf16) {
+                    v8u u = bf_round_u(reinterpret_cast<v8u&>(v)) << 16;
+                    v = reinterpret_cast<v8f&>(u);
+                }
             v8store<TY>(Y + (m + i) * a.ldy + n, v);
             continue;
         }
@@ -315,6 +320,8 @@ inline void finish_tile(const LinearArgs& a, const TX* x, const TW* w, const vf 
             float s = hsum(acc[i][j]) + tail_dot(xi, w + j * a.ldw, k, a.K);
             if (a.w_scale) s *= a.w_scale[n + j];
             if (a.bias) s += a.bias[n + j];
+            if constexpr (std::is_same_v<TY, float>)
+                if (a.round_to_bf16) s = rnd<bf16_t>(s);
             st<TY>(Y + (m + i) * a.ldy, n + j, s);
         }
     }

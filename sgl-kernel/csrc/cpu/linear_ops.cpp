@@ -126,16 +126,11 @@ void run_linear(const LinearWeights& l, const void* x, DType xt, int64_t M, int6
         at::parallel_for(0, N / kPanel, 2, [&](int64_t p0, int64_t p1) { kt.linear_panels(a, p0, p1); });
         return;
     }
-    if (round_to_bf16) {  // the row-major kernels store bf16, then widen (exact)
-        at::Tensor yb = at::empty({M, N}, at::TensorOptions().dtype(at::kBFloat16));
-        run_linear(l, x, xt, M, ldx, yb.data_ptr(), DType::BF16);
-        at::from_blob(y, {M, N}, at::TensorOptions().dtype(at::kFloat)).copy_(yb);
-        return;
-    }
     const LinearInput in = linear_input(kt, l.wtype, x, xt, M, K, ldx, x32);
     LinearArgs a{in.xf, in.xb, M, K, in.ldx, l.w->data_ptr(), l.w->stride(0), l.wtype,
                  l.scale.defined() ? l.scale.data_ptr<float>() : nullptr,
                  l.bias.defined() ? l.bias.data_ptr<float>() : nullptr, y, N, yt};
+    a.round_to_bf16 = round_to_bf16;
     // blocks of 24 output rows (whole register tiles on every ISA); a thread takes at least 3,
     // so small layers stay on one
     constexpr int64_t kBlock = 24;

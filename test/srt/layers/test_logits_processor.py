@@ -1,5 +1,7 @@
 """LogitsProcessor: picks each request's last new token, full logits only on request, fp32."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,33 +51,24 @@ def test_tied_head_shares_embedding():
     assert head.weight is emb.weight
 
 
-def _paths():
-    """The LM head's paths: sgl-kernel (panels, when built) and the torch fallback."""
-    from sglang.srt.layers import cpu_ops
-
-    paths = [("torch", cpu_ops.torch_fallbacks)]
-    if cpu_ops.available():
-        import contextlib
-
-        paths.append(("sgl_kernel", contextlib.nullcontext))
-    return paths
-
-
-@pytest.mark.parametrize("path", [p for p, _ in _paths()])
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "sgl_kernel"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_bf16_logits_are_the_bf16_head_widened_and_fp32_head_gives_the_fp32_sums(path, packed):
+def test_bf16_logits_are_the_bf16_head_widened_and_fp32_head_gives_the_fp32_sums(kernel, packed):
     """Default: the logits are the bf16 LM head's result widened to fp32 (what upstream's bf16 head
     gives), whichever path computes them. --enable-fp32-lm-head (`fp32_lm_head`): the head's sums
     in fp32, which differ from the widened bf16 ones."""
+    from sglang.srt.layers import cpu_ops
     from sglang.srt.layers.linear import pack_linear_weights
 
-    fallbacks = dict(_paths())[path]
+    if kernel and not cpu_ops.available():
+        pytest.skip(f"sgl-kernel not in use: {cpu_ops.describe()}")
+    path = contextlib.nullcontext() if kernel else cpu_ops.torch_fallbacks()
     head = _head(v=96, h=40, dtype=torch.bfloat16)  # 96 rows: panels where sgl-kernel packs bf16
     if packed:
         pack_linear_weights(head)
     hidden = torch.randn(5, 40, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     fb = ForwardBatch.for_decode([1] * 5, [4] * 5, list(range(5)), torch.zeros(5, dtype=torch.int64))
-    with fallbacks():
+    with path:
         widened = LogitsProcessor()(fb.input_ids, hidden, head, fb).next_token_logits
         fp32 = LogitsProcessor()
         fp32.fp32_lm_head = True
