@@ -288,7 +288,10 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         record_logprobs(batch.reqs, forward_batch, logits_output, self.sampler)
         rows = done + list(range(n_new, n_new + len(decoding)))
         sampled_reqs = [batch.reqs[i] for i in done] + list(decoding)
-        next_ids, samp = self._sample(sampled_reqs, logits_output.next_token_logits[rows])
+        logits = logits_output.next_token_logits
+        if rows != list(range(logits.shape[0])):  # else every row samples: no copy of [rows, vocab]
+            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+        next_ids, samp = self._sample(sampled_reqs, logits)
         to_emit = []
         for j, i in enumerate(done):
             req = batch.reqs[i]
