@@ -289,7 +289,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         rows = done + list(range(n_new, n_new + len(decoding)))
         sampled_reqs = [batch.reqs[i] for i in done] + list(decoding)
         logits = logits_output.next_token_logits
-        if rows != list(range(logits.shape[0])):  # else every row samples: no copy of [rows, vocab]
+        if len(rows) < logits.shape[0]:  # rows ascend from 0: all of them means no copy of [rows, vocab]
             logits = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
         next_ids, samp = self._sample(sampled_reqs, logits)
         to_emit = []
