@@ -125,3 +125,36 @@ def test_hybrid_swa_model_matches_hf_under_pressure(tmp_path_factory, page_size)
     assert sum(r.num_retractions for r in reqs) > 0
     assert_no_leak(sched)
     assert sched.memory.allocator.swa_available_size() == sched.memory.allocator.swa_attn_allocator.size
+
+
+def test_requests_that_arrive_while_the_turn_is_taken_join_the_batch(model_dir, hf_model, tmp_path, monkeypatch):
+    """Shared cores (`SGLANG_CPU_TURNS_FILE`): a scheduler that had to wait for its turn takes the
+    messages that came meanwhile before it forms the batch, so a prompt that arrived while the other
+    scheduler computed is prefilled in this step, not one batch later; with a free turn it does not look."""
+    import threading
+
+    from sglang.srt.utils.compute_turns import ENV, ComputeTurns
+
+    path = str(tmp_path / "turns")
+    monkeypatch.setenv(ENV, path)
+    sched = make_scheduler(model_dir)
+    first_prompt, late_prompt = random_prompts([10, 12], seed=5)  # one batch: within chunked_prefill_size
+    other = ComputeTurns(path)  # the other scheduler, computing
+    assert other.take() is False
+    late = []
+    sched.take_messages = lambda: late.append(submit(sched, "late", late_prompt, 3))
+    first = submit(sched, "first", first_prompt, 3)
+    release = threading.Timer(0.3, other.give_back)
+    release.start()
+    sched.step()
+    release.join()
+    assert len(late) == 1 and sched.forward_ct == 1
+    assert len(first.output_ids) == 1 and len(late[0].output_ids) == 1  # both prefilled by that one forward
+    sched.step()  # the turn is free now: no second look at the messages
+    assert len(late) == 1 and sched.forward_ct == 2
+    run_to_completion(sched)
+    assert first.output_ids == hf_greedy(hf_model, first_prompt, 3)
+    assert late[0].output_ids == hf_greedy(hf_model, late_prompt, 3)
+    assert_no_leak(sched)
+    other.close()
+    sched.turns.close()

@@ -129,3 +129,24 @@ def test_a_waiting_scheduler_gets_the_next_turn(tmp_path):
     # the hog's turn ends and the hog, already at the gate, goes first)
     passed = [sum(1 for s, _ in spans if asked < s < got) for asked, got in waits if got < spans[-1][0]]
     assert len(passed) >= 10 and max(passed) <= 1, passed
+
+
+def test_take_says_whether_it_waited(tmp_path):
+    import threading
+
+    path = str(tmp_path / "turns")
+    a, b = ComputeTurns(path), ComputeTurns(path)
+    assert a.take() is False  # free: taken at once
+    assert a.take() is False  # already held: a no-op
+    waited = []
+    taker = threading.Thread(target=lambda: waited.append(b.take()))
+    taker.start()
+    time.sleep(0.3)
+    assert waited == []  # b waits while a holds the turn
+    a.give_back()
+    taker.join(timeout=10)
+    assert waited == [True]
+    b.give_back()
+    assert a.take() is False
+    a.close()
+    b.close()

@@ -97,6 +97,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         # Set by the process loop: sends outputs queued before a step's forward (e.g. the first
         # token of a PD request whose KV just arrived) without waiting for that forward.
         self.send_outputs: Optional[Callable[[List[BatchTokenIDOutput]], None]] = None
+        self.take_messages: Optional[Callable[[], None]] = None  # the loop's: handles what the tokenizer sent since
         self.waiting_timeout_s = waiting_timeout_s()
         self.running_timeout_s = running_timeout_s()
         self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
@@ -132,6 +133,27 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self._drop_aborted_running()
         self.move_ready_grammar_requests()
         self.role.process()
+        self._send_early_outputs()
+        try:
+            if (self.waiting_queue or self.running_reqs or self.chunked_req) and self.turns.take():
+                # the other scheduler computed meanwhile: what arrived since (requests, KV, bootstrapped
+                # prompts) joins this batch
+                if self.take_messages is not None:
+                    self.take_messages()
+                self.role.process()
+                self._send_early_outputs()
+            batch = self.get_new_prefill_batch()
+            if batch is not None:
+                self.run_extend(*batch)
+            elif self.running_reqs:
+                self.run_decode()
+        finally:
+            self.turns.give_back()  # taken by this step, if it had a batch to form
+        self.in_flight = []
+        return self.take_outputs()
+
+    def _send_early_outputs(self) -> None:
+        """Outputs queued before the forward (first tokens of arrived KV, aborts) go out now."""
         if self.send_outputs is not None and self.pending_outputs:
             early = self.take_outputs()
             try:
@@ -139,16 +161,6 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             except Exception:
                 self.pending_outputs[:0] = early  # not lost: they go out with the step's outputs
                 raise
-        try:
-            batch = self.get_new_prefill_batch()
-            if batch is not None:
-                self.run_extend(*batch)
-            elif self.running_reqs:
-                self.run_decode()
-        finally:
-            self.turns.give_back()  # taken by this step's forward, if it ran one
-        self.in_flight = []
-        return self.take_outputs()
 
     def take_outputs(self) -> List[BatchTokenIDOutput]:
         """Hands out (and forgets) the outputs queued so far, e.g. of requests finished without running."""
@@ -366,7 +378,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.num_generated_tokens += 1
 
     def _forward(self, forward_batch):
-        self.turns.take()  # shared cores: one scheduler's batch at a time (given back when the step ends)
+        self.turns.take()  # a no-op when the step took it already (given back when the step ends)
         self.forward_started_at = time.monotonic()
         try:
             return self.model_runner.forward(forward_batch)

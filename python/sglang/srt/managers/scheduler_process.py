@@ -53,6 +53,7 @@ class SchedulerLoop:
         self.consecutive_errors = 0
         self.forward_ct_seen = -1  # the scheduler's forward count before the last step
         scheduler.send_outputs = self.send_outputs
+        scheduler.take_messages = self.take_messages
 
     def recv_requests(self, wait_ms: int = 0) -> list:
         """Messages from the tokenizer, waiting up to `wait_ms` for the first (0: none)."""
@@ -66,6 +67,11 @@ class SchedulerLoop:
                 msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
             except zmq.Again:
                 return msgs
+
+    def take_messages(self) -> None:
+        """Handles every message waiting now (the scheduler calls it mid-step, after waiting for its turn)."""
+        for msg in self.recv_requests():
+            self.handle(msg)
 
     def handle(self, msg) -> None:
         if isinstance(msg, list):

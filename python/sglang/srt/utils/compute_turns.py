@@ -18,6 +18,11 @@ so a decode server stepping back to back kept the turn for 100+ steps while the 
 waited with a new prompt. So a taker first passes a gate (`<path>.gate`), which it holds while it
 waits for the turn: the scheduler that just gave the turn back then queues at the gate behind it.
 A dead holder's locks go with its file descriptors, as before.
+
+A scheduler takes its turn before it forms the step's batch, and when it had to wait it looks at its
+queues again (`Scheduler.step`): what arrived while the other one computed (a decode server's KV
+transfers, a prefill server's bootstrapped prompts) joins this batch instead of waiting a whole
+batch more.
 """
 
 from __future__ import annotations
@@ -29,8 +34,18 @@ from typing import Optional
 ENV = "SGLANG_CPU_TURNS_FILE"
 
 
+def _lock(fd: int) -> bool:
+    """An exclusive flock on `fd`; True when someone else held it and this call waited."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+
+
 class ComputeTurns:
-    """`take()` before a batch's first forward (a no-op while held), `give_back()` when the step ends."""
+    """`take()` before a step's batch is formed (a no-op while held), `give_back()` when the step ends."""
 
     def __init__(self, path: Optional[str]):
         self.path = path or None
@@ -47,16 +62,18 @@ class ComputeTurns:
     def enabled(self) -> bool:
         return self.fd is not None
 
-    def take(self) -> None:
+    def take(self) -> bool:
+        """Takes the turn; True when it had to wait for it (the other scheduler was computing)."""
         if self.fd is None or self.held:
-            return
-        fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # first in line: whoever comes later waits here
+            return False
+        waited = _lock(self.gate_fd)  # first in line: whoever comes later waits here
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            waited = _lock(self.fd) or waited
         finally:
             fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
         self.held = True
         self.turns_taken += 1
+        return waited
 
     def give_back(self) -> None:
         if self.held:
