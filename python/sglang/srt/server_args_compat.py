@@ -55,7 +55,6 @@ NO_EFFECT_FIELDS = {
     "disaggregation_decode_extra_slots": "pre-allocation is bounded by --max-running-requests",
     "disaggregation_decode_polling_interval": "the decode queues are polled every step",
     "disaggregation_enable_kv_checksum": "no KV checksums",
-    "optimistic_prefill_attempts": "no optimistic prefill",
     "tp_size": _ONE_DEVICE,
     "dp_size": _ONE_DEVICE,
     "pp_size": _ONE_DEVICE,

@@ -326,7 +326,10 @@ class DisaggFields:
     )
     num_reserved_decode_tokens: int = arg(512, "Number of decode tokens that will have memory reserved when adding new request to the running batch.")
     disaggregation_enable_kv_checksum: bool = arg(False, "Verify transferred KV pages with an Adler-32 checksum.")
-    optimistic_prefill_attempts: int = arg(0, "Number of optimistic prefill attempts (prefill_complete allocation policy).")
+    optimistic_prefill_attempts: int = arg(
+        0, "Number of optimistic prefill attempts (prefill_complete allocation policy). Here any value > 0 lets a prefill "
+        "server compute a prompt before the decode server's KV slots arrive (the KV is kept, not recomputed)."
+    )
 
 
 @dataclasses.dataclass

@@ -34,6 +34,13 @@ def test_role_templates_route_flags():
     assert prefill.count("--enable-metrics") == 1 == decode.count("--enable-metrics")  # on by default
     args, common = parse_args(["--model-path", "m", "--", "--enable-metrics"])
     assert role_flags("decode", common, args).count("--enable-metrics") == 1
+    # the prefill computes while the decode reserves its slots, unless the flags say otherwise
+    assert prefill[prefill.index("--optimistic-prefill-attempts") + 1] == "1"
+    assert "--optimistic-prefill-attempts" not in decode
+    args, common = parse_args(["--model-path", "m", "--", "--optimistic-prefill-attempts", "0"])
+    prefill = role_flags("prefill", common, args)
+    assert prefill.count("--optimistic-prefill-attempts") == 1
+    assert prefill[prefill.index("--optimistic-prefill-attempts") + 1] == "0"
 
 
 def test_the_router_logs_at_warn_unless_asked():

@@ -94,6 +94,7 @@ class DisaggConfig:
     disaggregation_ib_device: Optional[str] = None
     disaggregation_decode_allocation_policy: str = "early"
     num_reserved_decode_tokens: int = 512
+    optimistic_prefill_attempts: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
     tp_size: int = 1

@@ -107,6 +107,7 @@ class Req:
         self.kv_receiver: Optional[Any] = None  # decode: BaseKVReceiver of this request
         self.metadata_idx: Optional[int] = None  # row of the metadata buffers (first token, logprobs)
         self.sent_kv_len = 0  # prefill: tokens whose KV pages were handed to the sender
+        self.kv_destination_known = False  # prefill: the decode server's metadata (its KV slots) arrived
         # Decode retraction: where the KV (and Mamba state) wait until the request resumes.
         self.retraction_backup: Optional[Any] = None
         # Structured output (constrained/): this request's matcher, set when its grammar is

@@ -17,6 +17,10 @@ time, each with all its cores; launch_pd sets `SGLANG_CPU_TURNS_FILE` to a file 
 unless the variable is set; empty: no turns). Measured on 2 cores (benchmark/RESULTS.md):
 sharing by turns serves more than a split and prefills sooner, the split streams each token
 faster (decode alone on its core, never behind a prefill): "0|1" chooses it.
+
+The prefill server gets `--optimistic-prefill-attempts 1` unless the flags set it: a prompt is
+prefilled while the decode server takes the request in and reserves its KV slots, not after
+(`sglang.srt.disaggregation.prefill`).
 """
 
 from __future__ import annotations
@@ -57,8 +61,12 @@ def role_flags(role: str, common: Sequence[str], args) -> List[str]:
         out += ["--port", str(args.decode_port),
                 "--disaggregation-decode-retraction-backup", args.decode_retraction_backup]
     groups = _split_flags(common)
-    if not any(g[0].split("=", 1)[0] == "--enable-metrics" for g in groups):
+    given = {g[0].split("=", 1)[0] for g in groups}
+    if "--enable-metrics" not in given:
         out.append("--enable-metrics")  # a deployment is operated: /metrics on both servers
+    if role == "prefill" and "--optimistic-prefill-attempts" not in given:
+        # prefill at once, while the decode server takes the request in and reserves its slots
+        out += ["--optimistic-prefill-attempts", "1"]
     for group in groups:
         flag = group[0].split("=", 1)[0]
         if role == "prefill" and flag.startswith(DECODE_ONLY_PREFIXES):

@@ -7,6 +7,14 @@ A request on a prefill server goes through:
                      metadata row (first output token, cached tokens, logprobs)
   inflight queue  -- KV on the wire; on Success the request finishes (its prefix stays in the
                      radix cache) and the prefill's HTTP response carries the one token.
+
+With `--optimistic-prefill-attempts N` (N > 0; `launch_pd` sets 1) a prompt does not wait in the
+bootstrap queue for the decode server's slots: it is prefilled at once, its chunks' KV stays in
+this server's pool, and everything computed goes out when the slots arrive (a prefilled prompt
+whose slots are still unknown waits in the inflight queue). The decode server's intake and
+pre-allocation then overlap the prefill instead of preceding it. The KV is kept, never recomputed,
+so one attempt always suffices: any N > 0 turns it on. A decode-side failure or abort meanwhile
+fails the request when it is polled, as without it.
 """
 
 from __future__ import annotations
@@ -46,8 +54,9 @@ class PrefillRole(ServerRole):
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
         self.fake_manager = get_kv_class("fake", KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.fake_sender_cls = get_kv_class("fake", KVClassType.SENDER)
+        self.optimistic = config.optimistic_prefill_attempts > 0
         self.bootstrap_queue: List[Req] = []
-        self.inflight_queue: List[Req] = []
+        self.inflight_queue: List[Req] = []  # KV on the wire, or prefilled and waiting for the decode's slots
         # KV transfers (for /metrics): counts, bytes, and the last one's latency and speed.
         self.transfer_stats = {"num_kv_transfers": 0, "num_kv_transfer_failures": 0, "kv_transfer_bytes": 0,
                                "kv_transfer_latency_ms": 0.0, "kv_transfer_speed_gb_s": 0.0}
@@ -68,6 +77,7 @@ class PrefillRole(ServerRole):
         req.sampling_params.max_new_tokens = 1
         req.sent_kv_len = 0
         req.metadata_idx = None
+        req.kv_destination_known = False
         local = recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST)
         if not local and recv.bootstrap_room is None:  # the tokenizer refuses this; never trust one process
             req.to_abort = FINISH_ABORT("bootstrap_room is required when bootstrap_host is set.", 400, "BadRequestError")
@@ -122,23 +132,30 @@ class PrefillRole(ServerRole):
         if state == KVPoll.Failed:
             self.bootstrap_queue.remove(req)
             self._abort_failed(req)
-        elif state == KVPoll.WaitingForInput:
+        elif state == KVPoll.WaitingForInput or (state == KVPoll.Bootstrapping and self.optimistic):
             idx = self.metadata_allocator.alloc()
             if idx is None:
                 return "stop"
             req.metadata_idx = idx
+            req.kv_destination_known = state == KVPoll.WaitingForInput
             num_pages = -(-len(req.origin_input_ids) // self.s.page_size)
             req.kv_sender.init(num_pages, idx)
             self.bootstrap_queue.remove(req)
             self.s.waiting_queue.append(req)
         return "next"
 
+    def _destination_known(self, req: Req) -> bool:
+        """Whether the decode server's slots for `req` arrived (asked again until they have)."""
+        if not req.kv_destination_known:
+            req.kv_destination_known = req.kv_sender.poll() == KVPoll.WaitingForInput
+        return req.kv_destination_known
+
     # --- called by the scheduler after each extend forward ----------------------------------------
     def after_chunk(self, req: Req) -> None:
         """A non-last chunk is done: send its whole pages (the partial last page waits)."""
         ps = self.s.page_size
         end = req.kv_len // ps * ps
-        if end > req.sent_kv_len:
+        if end > req.sent_kv_len and self._destination_known(req):  # else they go with the last chunk
             self._send(req, req.sent_kv_len, end, is_last=False)
 
     def after_prefill(self, req: Req) -> bool:
@@ -157,8 +174,9 @@ class PrefillRole(ServerRole):
             top_logprobs_idx=[i for _, i in tops] if tops else None,
             bootstrap_room=req.bootstrap_room % (1 << 63),
         )
-        self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
-        self.inflight_queue.append(req)
+        if self._destination_known(req):
+            self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+        self.inflight_queue.append(req)  # else sent from there when the decode's slots arrive
         return True
 
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
@@ -176,7 +194,10 @@ class PrefillRole(ServerRole):
 
     def _process_inflight_one(self, req: Req) -> None:
         state = req.kv_sender.poll()
-        if state == KVPoll.Success:
+        if state == KVPoll.WaitingForInput and not req.kv_destination_known:  # optimistic prefill: send it now
+            req.kv_destination_known = True
+            self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+        elif state == KVPoll.Success:
             self.inflight_queue.remove(req)
             self._record_transfer(req)
             req.finished_reason = req.to_abort or FINISH_LENGTH(length=0)
