@@ -1,5 +1,7 @@
 """Merged projections: each HF tensor lands in its own slice; shape mismatches are rejected."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -216,6 +218,34 @@ def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes
     assert _measure_in_a_fresh_process(str(cache))["source"].startswith("measured")
     assert len(json.loads(cache.read_text())) == 1
     assert _measure_in_a_fresh_process("0")["source"].startswith("measured")
+
+
+def test_a_crossover_measured_while_other_processes_hold_the_cores_is_not_kept(tmp_path):
+    """A measurement taken while another process computes (a build, a benchmark) picks the wrong
+    path, and a kept one would stay wrong for every later server on the machine: here two busy
+    processes hold both cores while a fresh process measures, and nothing is written."""
+    import json
+    import subprocess
+    import sys
+
+    from sglang.srt.layers import cpu_ops
+
+    if not cpu_ops.available():
+        pytest.skip("sgl-kernel is not built")
+    cache = tmp_path / "rows.json"
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(os.cpu_count() or 1, 2))]
+    try:
+        busy = _measure_in_a_fresh_process(str(cache), threads=2)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert "not kept" in busy["source"], busy
+    assert not cache.exists() or json.loads(cache.read_text()) == {}
+    quiet = _measure_in_a_fresh_process(str(cache), threads=2)  # the cores are free again: kept
+    assert "not kept" not in quiet["source"], quiet
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["core_share"] >= 0.8
 
 
 @pytest.mark.parametrize("isa", ["amx", "avx512bf16", "avx2"])

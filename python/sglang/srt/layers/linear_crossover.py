@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 SMALL_M_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 PANEL_CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # prefill chunks too: the panels take any rows
 _measured_here: Dict[str, Dict[str, int]] = {}  # key digest -> rows per dtype name, this process
+# A measurement is kept only if its threads ran for at least this share of its wall time on every
+# core it has: one taken while another process computed (a build, a benchmark) picks the wrong path
+# (measured: bf16 panels at 1 row instead of 16+ during a compile, 0.5x the batch-16 decode rate).
+MIN_CORE_SHARE = 0.8
 
 
 def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_CANDIDATE_ROWS
@@ -120,11 +124,18 @@ def _kept(digest_and_key: Tuple[str, dict], measure: Callable[[], Dict[str, int]
             rows = entries.get(digest, {}).get("rows")
             source = f"cached in {path}"
             if rows is None:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 rows = measure()
-                source = f"measured on these weights in {time.perf_counter() - start:.1f} s"
-                if path is not None:
-                    entries[digest] = {"rows": rows, "key": key, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+                wall = time.perf_counter() - start
+                share = (time.process_time() - cpu_start) / max(wall * torch.get_num_threads(), 1e-9)
+                source = f"measured on these weights in {wall:.1f} s"
+                if share < MIN_CORE_SHARE:
+                    source += (f", while other work held the cores ({share:.0%} of their time was this process's): "
+                               "used here, not kept; measured again at the next start")
+                    logger.warning("CPU linear crossover %s", source)
+                elif path is not None:
+                    entries[digest] = {"rows": rows, "key": key, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                       "core_share": round(share, 2)}
                     _write(path, entries)
         _measured_here[digest] = rows
     return rows, source
@@ -209,14 +220,24 @@ def _weight_shapes(mods: List[nn.Module]) -> List[str]:
 
 
 def _cpu_model() -> str:
+    """The CPU's name with its family, model and stepping: cloud VMs name different generations
+    alike ("AMD EPYC" for Zen 4 and Zen 5, whose crossovers differ)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                name, _, value = line.partition(":")
+                name = name.strip()
+                if name in ("model name", "cpu family", "model", "stepping") and name not in fields:
+                    fields[name] = value.strip()
+                if not line.strip() and fields:
+                    break  # the first processor's block
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    ids = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{fields['model name']} ({ids})"
 
 
 def _library_digest() -> str:
