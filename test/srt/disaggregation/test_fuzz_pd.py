@@ -36,12 +36,13 @@ def url(port):
     return f"http://127.0.0.1:{port}"
 
 
-def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False):
+def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extra=()):
     procs = []
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router", "lb")}
     try:
         procs += start_side_by_side(
-            lambda: launch_prefill(model, ports["prefill"], ports["boot"], COMMON, log_path=str(logs / f"{name}_p.log")),
+            lambda: launch_prefill(model, ports["prefill"], ports["boot"], [*COMMON, *prefill_extra],
+                                   log_path=str(logs / f"{name}_p.log")),
             lambda: launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log")))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / f"{name}_router.log")))
@@ -71,10 +72,13 @@ def llama(tmp_path_factory):
 @pytest.fixture(scope="module", params=["qwen3_next", "nemotron_h"])
 def hybrid(request, tmp_path_factory):
     """The two hybrid families on both PD sides: a gated-DeltaNet + MoE model (Qwen3-Next) and a
-    Mamba2 one (NemotronH), each with its state sent over Mooncake and kept in state slots."""
+    Mamba2 one (NemotronH), each with its state sent over Mooncake and kept in state slots. Their
+    prefill servers run optimistic prefill (as under launch_pd): KV and state are computed before
+    the decode's slots are known and sent when they arrive (the llama pair keeps the default)."""
     arch = request.param
     model = make_tiny_model(str(tmp_path_factory.mktemp(f"pd_fuzz_{arch}")), arch, seed=18)
-    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), arch)
+    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), arch,
+                           prefill_extra=["--optimistic-prefill-attempts", "1"])
     yield {"ports": ports, "model": model}
     for p in reversed(procs):
         stop_server(p)
