@@ -12,7 +12,7 @@ import psutil
 import pytest
 import requests
 
-from sglang.srt.disaggregation.launch_pd import parse_args, role_flags, router_cmd
+from sglang.srt.disaggregation.launch_pd import busy_ports, parse_args, role_flags, router_cmd
 from sglang.srt.utils.cpu_binding import available_cores, format_cores
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -291,3 +291,30 @@ def test_sigint_stops_launch_pd_started_as_a_background_job(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_launch_pd_refuses_ports_another_deployment_holds(tmp_path):
+    """A second launch_pd on the ports of a running one starts nothing (it used to take the other
+    deployment's servers, answering on the same URLs, for its own restarted members, and its
+    prefill registered with the other's bootstrap server, breaking its transfers): it says which
+    port is taken and exits 1, and the listener on that port is untouched."""
+    import socket
+
+    d = make_tiny_model(str(tmp_path / "tiny"), "llama", seed=0)
+    free = {flag: find_free_port() for flag in ("--prefill-port", "--decode-port", "--bootstrap-port")}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        args = [sys.executable, "-m", "sglang.launch_pd", "--model-path", d, "--port", str(port)]
+        for flag, p in free.items():
+            args += [flag, str(p)]
+        started = time.time()
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"router port {port} on 127.0.0.1 already in use" in r.stdout
+        assert "[launch_pd] cores:" not in r.stdout and time.time() - started < 60  # nothing started
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # still the holder's
+        assert busy_ports("127.0.0.1", {"router": port, "decode": free["--decode-port"]}) == [f"router port {port}"]
+    assert busy_ports("127.0.0.1", {"router": port}) == []  # closed: free again

@@ -30,6 +30,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,22 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"{url} was not healthy within {timeout:.0f} s")
 
 
+def busy_ports(host: str, ports: Mapping[str, int]) -> List[str]:
+    """The ones of `ports` (named by what they are for) that a process on this machine already
+    listens on. launch_pd starts nothing then: its members would fail to bind only after loading
+    their weights, while its health checks reached the other deployment's servers on the same
+    URLs, and a second prefill would register itself with the first one's bootstrap server."""
+    busy = []
+    for what, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed server's TIME_WAIT is no owner
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append(f"{what} port {port}")
+    return busy
+
+
 def parse_args(argv: Sequence[str]):
     argv = list(argv)
     common: List[str] = []
@@ -198,6 +215,12 @@ def main(argv: Sequence[str] = None) -> int:
         check_role(flags)
     if args.check_only:
         return 0
+    busy = busy_ports(args.host, {"router": args.port, "prefill": args.prefill_port, "decode": args.decode_port,
+                                  "bootstrap": args.bootstrap_port})
+    if busy:
+        print(f"[launch_pd] cannot start: {', '.join(busy)} on {args.host} already in use (another deployment "
+              "running?); stop it or choose --port / --prefill-port / --decode-port / --bootstrap-port", flush=True)
+        return 1
     base = f"http://{args.host}"
     from sglang.srt.utils.cpu_binding import ENV
 
