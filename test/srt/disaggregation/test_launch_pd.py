@@ -293,6 +293,19 @@ def test_sigint_stops_launch_pd_started_as_a_background_job(tmp_path):
             proc.wait(timeout=30)
 
 
+def test_launch_pd_refuses_one_port_for_two_members():
+    """Two members on one port would fail only after loading weights (one of them cannot bind):
+    argparse refuses it at once, naming both flags."""
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--port", "30100"])  # the prefill's default port
+    assert e.value.code == 2
+    r = subprocess.run([sys.executable, "-m", "sglang.launch_pd", "--decode-port", "8998", "--check-only"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "--decode-port and --bootstrap-port are both 8998: the router, prefill, decode and bootstrap ports must differ" in r.stderr
+    parse_args(["--port", "31000"])  # distinct ports: accepted
+
+
 def test_launch_pd_refuses_ports_another_deployment_holds(tmp_path):
     """A second launch_pd on the ports of a running one starts nothing (it used to take the other
     deployment's servers, answering on the same URLs, for its own restarted members, and its

@@ -201,6 +201,12 @@ def parse_args(argv: Sequence[str]):
                    help="sglang-router log level (info logs every request, health checks included)")
     p.add_argument("--check-only", action="store_true", help="validate both roles' flags and exit")
     args = p.parse_args(argv)
+    seen: Dict[int, str] = {}
+    for flag, port in (("--port", args.port), ("--prefill-port", args.prefill_port),
+                       ("--decode-port", args.decode_port), ("--bootstrap-port", args.bootstrap_port)):
+        if port in seen:
+            p.error(f"{seen[port]} and {flag} are both {port}: the router, prefill, decode and bootstrap ports must differ")
+        seen[port] = flag
     return args, common
 
 
