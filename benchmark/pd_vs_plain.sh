@@ -42,7 +42,7 @@ serve() {  # name round -> prints the measured table row, sets OUT_TOKS
   $PY benchmark/serving.py --url $url "${WORKLOAD[@]}" --num-prompts 16 --seed 1 > /dev/null 2>&1
   local row
   row=$($PY benchmark/serving.py --url $url "${WORKLOAD[@]}" --num-prompts 48 --seed $((100 + round)) 2>/dev/null \
-        | grep -E "^\| (given|ours|http)" | tail -1)
+        | grep -E "^\| given" | tail -1)
   stop $pid
   echo "| $name, round $round $row"
   OUT_TOKS=$(echo "$row" | awk -F'|' '{gsub(/ /, "", $5); print $5}')

@@ -307,10 +307,10 @@ def test_launch_pd_refuses_one_port_for_two_members():
 
 
 def test_launch_pd_refuses_ports_another_deployment_holds(tmp_path):
-    """A second launch_pd on the ports of a running one starts nothing (it used to take the other
-    deployment's servers, answering on the same URLs, for its own restarted members, and its
-    prefill registered with the other's bootstrap server, breaking its transfers): it says which
-    port is taken and exits 1, and the listener on that port is untouched."""
+    """A second launch_pd on the ports of a running one starts nothing (it used to load its weights
+    and meanwhile take the other deployment's servers, answering /health on the same URLs, for its
+    own restarted members): it says which port is taken and exits 1, and the listener on that port
+    is untouched."""
     import socket
 
     d = make_tiny_model(str(tmp_path / "tiny"), "llama", seed=0)

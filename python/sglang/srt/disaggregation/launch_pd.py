@@ -160,11 +160,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"{url} was not healthy within {timeout:.0f} s")
 
 
+# What each port of the deployment is for, its flag, and its attribute in the parsed args.
+PORTS = (("router", "--port", "port"), ("prefill", "--prefill-port", "prefill_port"),
+         ("decode", "--decode-port", "decode_port"), ("bootstrap", "--bootstrap-port", "bootstrap_port"))
+
+
 def busy_ports(host: str, ports: Mapping[str, int]) -> List[str]:
     """The ones of `ports` (named by what they are for) that a process on this machine already
     listens on. launch_pd starts nothing then: its members would fail to bind only after loading
-    their weights, while its health checks reached the other deployment's servers on the same
-    URLs, and a second prefill would register itself with the first one's bootstrap server."""
+    their weights, and meanwhile its health checks reached the other deployment's servers on the
+    same URLs, taking them for its own (re)started members."""
     busy = []
     for what, port in ports.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -202,8 +207,8 @@ def parse_args(argv: Sequence[str]):
     p.add_argument("--check-only", action="store_true", help="validate both roles' flags and exit")
     args = p.parse_args(argv)
     seen: Dict[int, str] = {}
-    for flag, port in (("--port", args.port), ("--prefill-port", args.prefill_port),
-                       ("--decode-port", args.decode_port), ("--bootstrap-port", args.bootstrap_port)):
+    for _, flag, attr in PORTS:
+        port = getattr(args, attr)
         if port in seen:
             p.error(f"{seen[port]} and {flag} are both {port}: the router, prefill, decode and bootstrap ports must differ")
         seen[port] = flag
@@ -221,11 +226,10 @@ def main(argv: Sequence[str] = None) -> int:
         check_role(flags)
     if args.check_only:
         return 0
-    busy = busy_ports(args.host, {"router": args.port, "prefill": args.prefill_port, "decode": args.decode_port,
-                                  "bootstrap": args.bootstrap_port})
+    busy = busy_ports(args.host, {what: getattr(args, attr) for what, _, attr in PORTS})
     if busy:
         print(f"[launch_pd] cannot start: {', '.join(busy)} on {args.host} already in use (another deployment "
-              "running?); stop it or choose --port / --prefill-port / --decode-port / --bootstrap-port", flush=True)
+              f"running?); stop it or choose {' / '.join(flag for _, flag, _ in PORTS)}", flush=True)
         return 1
     base = f"http://{args.host}"
     from sglang.srt.utils.cpu_binding import ENV
