@@ -1,6 +1,7 @@
 """The request fuzzer against PD deployments (issue 13): 1P1D over Mooncake TCP behind the real
 sglang-router, behind the in-tree mini_lb (same servers), and hybrid pairs (Qwen3-Next, the
-Mamba2 hybrid NemotronH).
+Mamba2 hybrid NemotronH) whose KV and state go by the same-host copy (the default on one machine;
+the llama pair's decode switches it off, so Mooncake's data path is served end to end too).
 
 After each run: every valid request got a 200 of the right shape, every invalid one a 4xx, no
 5xx; prefill, decode and router are healthy; every pool of both servers (KV tokens, request
@@ -9,6 +10,7 @@ the router still equals HF transformers. The first test is the issue's own probe
 route through the router (it used to kill the prefill scheduler).
 """
 
+import os
 import subprocess
 import sys
 
@@ -17,6 +19,7 @@ import requests
 import sgl_kernel
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.layers import fused_decode
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -36,14 +39,15 @@ def url(port):
     return f"http://127.0.0.1:{port}"
 
 
-def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extra=()):
+def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extra=(), decode_env=None):
     procs = []
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router", "lb")}
     try:
         procs += start_side_by_side(
             lambda: launch_prefill(model, ports["prefill"], ports["boot"], [*COMMON, *prefill_extra],
                                    log_path=str(logs / f"{name}_p.log")),
-            lambda: launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log")))
+            lambda: launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log"),
+                                  env=decode_env))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
                                    log_path=str(logs / f"{name}_router.log")))
         if with_mini_lb:
@@ -63,8 +67,9 @@ def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extr
 def llama(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_llama")), "llama", seed=17)
     logs = tmp_path_factory.mktemp("logs")
-    ports, procs = _deploy(model, logs, "llama", with_mini_lb=True)
-    yield {"ports": ports, "model": model, "decode_log": logs / "llama_d.log"}
+    ports, procs = _deploy(model, logs, "llama", with_mini_lb=True,
+                           decode_env={**os.environ, "SGLANG_DISAGGREGATION_SAME_HOST_COPY": "0"})
+    yield {"ports": ports, "model": model, "decode_log": logs / "llama_d.log", "prefill_log": logs / "llama_p.log"}
     for p in reversed(procs):
         stop_server(p)
 
@@ -77,9 +82,9 @@ def hybrid(request, tmp_path_factory):
     the decode's slots are known and sent when they arrive (the llama pair keeps the default)."""
     arch = request.param
     model = make_tiny_model(str(tmp_path_factory.mktemp(f"pd_fuzz_{arch}")), arch, seed=18)
-    ports, procs = _deploy(model, tmp_path_factory.mktemp("logs"), arch,
-                           prefill_extra=["--optimistic-prefill-attempts", "1"])
-    yield {"ports": ports, "model": model}
+    logs = tmp_path_factory.mktemp("logs")
+    ports, procs = _deploy(model, logs, arch, prefill_extra=["--optimistic-prefill-attempts", "1"])
+    yield {"ports": ports, "model": model, "prefill_log": logs / f"{arch}_p.log"}
     for p in reversed(procs):
         stop_server(p)
 
@@ -139,6 +144,7 @@ def test_fuzz_through_the_real_router(llama):
     _after_run(llama, url(ports["router"]))
     if sgl_kernel.load():  # the decode server's batches ran the fused CPU decoder layer
         assert fused_decode.USED_MESSAGE in llama["decode_log"].read_text()
+    assert same_host.COPY_MESSAGE not in llama["prefill_log"].read_text()  # its decode switched it off
 
 
 def test_fuzz_through_the_in_tree_mini_lb(llama):
@@ -155,3 +161,4 @@ def test_fuzz_hybrid_ssm_pair_through_the_router(hybrid):
                       seed=1304)
     assert not report.violations, report.summary()
     _after_run(hybrid, url(ports["router"]))
+    assert same_host.COPY_MESSAGE in hybrid["prefill_log"].read_text()  # KV and state went by the copy

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import requests
 
+from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.launch_pd import busy_ports, parse_args, role_flags, router_cmd
 from sglang.srt.utils.cpu_binding import available_cores, format_cores
 from sglang.test.fuzz.cases import FuzzTarget
@@ -239,6 +240,8 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         assert len(turn_files) == 1 and log.count("compute turns: shared") == 2, log
         _clients_shapes_then_pools_free(router, ports)
         _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
+        # one machine: the KV went by the same-host copy, proven once for the decode's pid
+        assert log_path.read_text(errors="replace").count(same_host.COPY_MESSAGE) == 1
         # The router runs at warn: its health checks (every 5 s) and requests leave no INFO lines.
         router_info = [ln for ln in log_path.read_text(errors="replace").splitlines() if "smg::" in ln and "INFO" in ln]
         assert not router_info, router_info[:3]
@@ -247,6 +250,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         log = log_path.read_text(errors="replace")
         assert "the decode server exited with code -9; restarting it" in log
         assert "the decode server is back" in log
+        assert log.count(same_host.COPY_MESSAGE) == 2  # the restarted decode (a new pid) proved itself again
         tree = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0

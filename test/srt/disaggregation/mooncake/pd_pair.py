@@ -1,10 +1,15 @@
 """Test helper: a real prefill/decode pair in one process (bootstrap server, two Mooncake managers
-over loopback TCP, two real MHATokenToKVPools, metadata buffers, optional Mamba-style state)."""
+over loopback TCP, two real MHATokenToKVPools, metadata buffers, optional Mamba-style state).
+
+The decode side offers the same-host copy (`same_host.py`) only when asked (`same_host_copy=True`):
+the tests written for Mooncake's data path keep testing that path."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, List, Optional
+from unittest import mock
 
 import numpy as np
 import torch
@@ -44,7 +49,8 @@ def wait_poll(obj, wanted, timeout: float):
 
 
 class Side:
-    def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0, system_dp_rank=0):
+    def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0, system_dp_rank=0,
+                 same_host_copy=False):
         self.page_size = page_size
         self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
         self.metadata = MetadataBuffers(8)
@@ -61,7 +67,8 @@ class Side:
                 t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
         self.kv_args = kv_args_from_pools(self.pool, self.metadata, page_size, mamba_pool=self.mamba_pool)
         self.kv_args.system_dp_rank = system_dp_rank
-        self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
+        with mock.patch.dict(os.environ, {"SGLANG_DISAGGREGATION_SAME_HOST_COPY": "1" if same_host_copy else "0"}):
+            self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
 
     def page(self, buf_idx: int, page: int) -> torch.Tensor:
         bufs = self.pool.k_buffer + self.pool.v_buffer
@@ -73,7 +80,7 @@ class Side:
 
 
 class PDPair:
-    def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None):
+    def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None, same_host_copy=False):
         self.port = get_free_port()
         self.server = KVBootstrapServer("127.0.0.1", self.port)
         self.server_args = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=self.port, disaggregation_transfer_backend=BACKEND,
@@ -81,7 +88,8 @@ class PDPair:
         self.bootstrap_addr = f"127.0.0.1:{self.port}"
         self.prefill = Side(DisaggregationMode.PREFILL, self.server_args, page_size, num_pages, with_state=with_state)
         self.decode = Side(
-            DisaggregationMode.DECODE, self.server_args, decode_page_size or page_size, num_pages, head_dim=decode_head_dim, with_state=with_state
+            DisaggregationMode.DECODE, self.server_args, decode_page_size or page_size, num_pages, head_dim=decode_head_dim, with_state=with_state,
+            same_host_copy=same_host_copy,
         )
         self._closed = False
 

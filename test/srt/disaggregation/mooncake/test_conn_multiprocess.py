@@ -1,7 +1,8 @@
 """Prefill in its own process (own Mooncake engine, bootstrap server, ZMQ sockets), decode here:
-pages arrive across processes, and SIGKILLing the prefill process fails decode's in-flight
-request through the heartbeat within its timeout (the crash case the in-process tests can only
-approximate by closing the manager)."""
+pages arrive across processes (by Mooncake TCP, and by the same-host copy when the decode offers
+it), and SIGKILLing the prefill process fails decode's in-flight request through the heartbeat
+within its timeout (the crash case the in-process tests can only approximate by closing the
+manager)."""
 
 import multiprocessing as mp
 import os
@@ -46,7 +47,7 @@ def _prefill_main(conn, port):
             snd.send(np.array(src, np.int32))
             state = wait_poll(snd, DONE, 10)
         pages = [[side.page(b, p).clone() for p in src] for b in range(side.num_buffers)]
-        conn.send((state, pages))
+        conn.send((state, pages, side.manager.same_host_writer.copied_bytes))
     side.manager.close()
     server.close()
 
@@ -75,10 +76,11 @@ def prefill_process(monkeypatch):
         proc.join(5)
 
 
-def test_cross_process_transfer_then_prefill_killed(prefill_process):
+@pytest.mark.parametrize("same_host_copy", [False, True], ids=["mooncake_tcp", "same_host_copy"])
+def test_cross_process_transfer_then_prefill_killed(prefill_process, same_host_copy):
     proc, conn, port = prefill_process
     sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend="mooncake_tcp", tp_size=1)
-    decode = Side(DisaggregationMode.DECODE, sa, PAGE_SIZE, 32)
+    decode = Side(DisaggregationMode.DECODE, sa, PAGE_SIZE, 32, same_host_copy=same_host_copy)
     from pd_pair import BACKEND
     from sglang.srt.disaggregation.transfer_backends import get_kv_class
     from sglang.srt.disaggregation.utils import KVClassType
@@ -94,8 +96,9 @@ def test_cross_process_transfer_then_prefill_killed(prefill_process):
         rcv.send_metadata(np.array(dst, np.int32), 3)
         conn.send(("send", 11, src, 2, True))
         assert conn.poll(30)
-        state, pages = conn.recv()
+        state, pages, copied_bytes = conn.recv()
         assert state == KVPoll.Success
+        assert (copied_bytes > 0) == same_host_copy  # the bytes went by the path the decode offered
         assert wait_poll(rcv, DONE, 10) == KVPoll.Success
         for b in range(decode.num_buffers):
             for i, d in enumerate(dst):

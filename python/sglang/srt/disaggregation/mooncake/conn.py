@@ -17,9 +17,12 @@ slots) with ONE `batch_transfer_sync_write` (split only past SGLANG_DISAGGREGATI
 default 2048: Mooncake refuses larger batches). Control path: ZMQ PUSH -> PULL frames of messages.py.
 Mooncake over TCP costs ~0.1-0.2 ms per block, so fragmented page_size=1 layouts are slow
 (benchmark/pd_transfer.py --layout random); contiguous pages run at engine bandwidth.
+A decode rank on this host (proven by a token it advertises, `same_host.py`) gets the same blocks
+by one `process_vm_writev` instead; anything that fails there goes through Mooncake.
 
 Code layout: `prefill_manager.py` / `decode_manager.py` hold the two halves of the manager,
-`blocks.py` the address arithmetic, `messages.py` the frames, `transfer_engine.py` the engine.
+`blocks.py` the address arithmetic, `messages.py` the frames, `transfer_engine.py` the engine,
+`same_host.py` the same-host copy.
 
 Timeouts (read from the environment when the manager is built, so tests can shrink them):
 `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` (prefill: decode metadata never came; decode: bootstrap

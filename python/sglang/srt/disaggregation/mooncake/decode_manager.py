@@ -13,6 +13,7 @@ import requests
 import zmq
 
 from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, logger
+from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.mooncake.messages import KVArgsRegisterInfo, parse_kv_status_message
 from sglang.srt.disaggregation.utils import KVPoll
 
@@ -43,6 +44,7 @@ class DecodeManagerMixin:
         self.required_prefill_responses: Dict[int, int] = {}
         self.prefill_responses: Dict[int, Set[int]] = {}
         self.bootstrap_requests: queue.Queue = queue.Queue()
+        self.host_identity = same_host.HostIdentity() if same_host.enabled() else None
         self._start_thread(self._decode_status_thread, "kv-decode-status")
         self._start_thread(self._decode_bootstrap_thread, "kv-decode-bootstrap")
         self._start_thread(self._heartbeat_thread, "kv-decode-heartbeat")
@@ -64,6 +66,7 @@ class DecodeManagerMixin:
             dst_kv_layer_ids=list(a.kv_layer_ids),
             dst_state_layer_ids=[list(x) for x in a.state_layer_ids],
             dst_kv_item_lens=list(a.kv_item_lens),
+            same_host=self.host_identity.frame() if self.host_identity is not None else b"",
         ).to_zmq()
 
     def _decode_status_thread(self) -> None:

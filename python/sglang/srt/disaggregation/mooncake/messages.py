@@ -49,9 +49,10 @@ class KVArgsRegisterInfo:
     dst_dcp_rank: int = 0
     staging_slot_layer_ids: List[int] = dataclasses.field(default_factory=list)
     dst_kv_item_lens: List[int] = dataclasses.field(default_factory=list)
+    same_host: bytes = b""  # frame 20, ours: same_host.HostIdentity.frame() of the decode rank, or absent
 
     def to_zmq(self) -> List[bytes]:
-        return [
+        frames = [
             REGISTRATION_ROOM,
             self.endpoint.encode("ascii"),
             str(self.dst_port).encode("ascii"),
@@ -73,6 +74,7 @@ class KVArgsRegisterInfo:
             pack_ints(self.staging_slot_layer_ids, "I"),
             pack_ints(self.dst_kv_item_lens, "Q"),
         ]
+        return frames + [self.same_host] if self.same_host else frames  # upstream's 20 frames, then ours
 
     @classmethod
     def from_zmq(cls, msg: List[bytes]) -> "KVArgsRegisterInfo":
@@ -100,6 +102,7 @@ class KVArgsRegisterInfo:
             dst_dcp_rank=int(_s(opt(17)) or 0),
             staging_slot_layer_ids=unpack_ints(opt(18), "I"),
             dst_kv_item_lens=unpack_ints(opt(19), "Q"),
+            same_host=opt(20),
         )
 
 

@@ -17,6 +17,7 @@ import zmq
 from sglang.srt.disaggregation.base import KVTransferMetric
 from sglang.srt.disaggregation.mooncake.blocks import build_chunk_blocks, mamba_state_layout_mismatch
 from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, connect_host, env_float, logger
+from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.mooncake.messages import (
     ABORT_TAG,
     REGISTRATION_ROOM,
@@ -53,6 +54,7 @@ class PrefillManagerMixin:
         self.transfer_retries = max(int(env_float("SGLANG_DISAGGREGATION_TRANSFER_RETRIES", 6)), 0)
         self.transfer_retry_budget_s = env_float("SGLANG_DISAGGREGATION_TRANSFER_RETRY_BUDGET_S", 2.0)
         n = max(int(env_float("SGLANG_DISAGGREGATION_QUEUE_SIZE", 4)), 1)
+        self.same_host_writer = same_host.SameHostWriter()
         self.transfer_queues: List[queue.Queue] = [queue.Queue() for _ in range(n)]
         self._start_thread(self._prefill_bootstrap_thread, "kv-prefill-bootstrap")
         for i, q in enumerate(self.transfer_queues):
@@ -196,6 +198,13 @@ class PrefillManagerMixin:
                 self._close_room(chunk.room, f"KV transfer of request {chunk.room} failed: {e}", notify=True)
 
     def _transfer_data(self, session_id: str, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
+        reg = self.decode_kv_args_table.get(session_id)
+        peer = same_host.parse_frame(reg.same_host) if reg is not None and reg.same_host else None
+        if self.same_host_writer.write(session_id, peer, srcs, dsts, lens):
+            return 0
+        return self._mooncake_transfer(session_id, srcs, dsts, lens)
+
+    def _mooncake_transfer(self, session_id: str, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
         """One batch_transfer_sync_write per chunk, split only past the engine's batch limit
         (Mooncake refuses batches of a few thousand blocks: fragmented pages at page_size 1).
 
