@@ -8,6 +8,10 @@ one bootstrap server and two Mooncake KV managers in this process, talking over 
        one batch_transfer_sync_write of all layers' K/V + the metadata row, ZMQ done signal, polling).
 * raw: the same bytes written with `TransferEngine.transfer_sync_write`, one call per layer buffer
        (contiguous source and destination; no grouping, no control messages).
+* raw batch: those per-buffer blocks in one `batch_transfer_sync_write`.
+* copy: those blocks by the same-host copy that replaces Mooncake's data path when the decode is a
+       process on this machine (`same_host.py`, one `process_vm_writev`); the pd column keeps
+       Mooncake (its decode manager runs with SGLANG_DISAGGREGATION_SAME_HOST_COPY=0).
 
 Usage:
     python benchmark/pd_transfer.py                       # 1k, 4k, 16k, 64k tokens
@@ -29,6 +33,7 @@ from sglang.srt.configs.runtime_config import DisaggConfig
 from sglang.srt.disaggregation.base import kv_args_from_pools
 from sglang.srt.disaggregation.transfer_backends import get_kv_class
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
+from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.mooncake.blocks import contiguous_runs
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -95,19 +100,21 @@ def main(argv=None) -> int:
                 b.view(torch.uint8).random_(0, 256) if elem == 1 else b.view(torch.int16 if elem == 2 else torch.int32).random_(0, 1 << 14)
         md = MetadataBuffers(4)
         kv_args = kv_args_from_pools(pool, md, ps)
+        os.environ["SGLANG_DISAGGREGATION_SAME_HOST_COPY"] = "0"  # pd: Mooncake's data path; copy: its own column
         mgr = get_kv_class(args.backend, KVClassType.MANAGER)(kv_args, mode, sa)
         sides[mode] = (pool, md, kv_args, mgr)
     (p_pool, p_md, p_args, p_mgr), (d_pool, d_md, d_args, d_mgr) = sides[DisaggregationMode.PREFILL], sides[DisaggregationMode.DECODE]
     Sender, Receiver = get_kv_class(args.backend, KVClassType.SENDER), get_kv_class(args.backend, KVClassType.RECEIVER)
     addr = f"127.0.0.1:{port}"
     rng = np.random.default_rng(0)
+    identity, writer = same_host.HostIdentity(), same_host.SameHostWriter()
     room = 0
     rows = []
     try:
         for ntok in sizes:
             n_pages = -(-ntok // ps)
             nbytes = n_pages * ps * bytes_per_token
-            pd_times, raw_times, batch_times = [], [], []
+            pd_times, raw_times, batch_times, copy_times = [], [], [], []
             for rep in range(args.repeats + 1):  # first run is a warm-up
                 src = pages_for(rng, args.layout, n_pages, total_pages)
                 dst = pages_for(rng, args.layout, n_pages, total_pages)
@@ -153,16 +160,27 @@ def main(argv=None) -> int:
                 ) < 0:
                     raise RuntimeError("raw batch_transfer_sync_write failed")
                 t_batch = time.perf_counter() - t0
+                # same-host copy: the same per-buffer blocks in one process_vm_writev
+                t0 = time.perf_counter()
+                if not writer.write(
+                    "bench", same_host.parse_frame(identity.frame()),
+                    [sp + il for sp, il in zip(p_args.kv_data_ptrs, p_args.kv_item_lens)],
+                    [dp_ + il for dp_, il in zip(d_args.kv_data_ptrs, p_args.kv_item_lens)],
+                    [n_pages * il for il in p_args.kv_item_lens],
+                ):
+                    raise RuntimeError(f"same-host copy refused: {writer.refused}")
+                t_copy = time.perf_counter() - t0
                 if rep > 0:
                     pd_times.append(t_pd)
                     raw_times.append(t_raw)
                     batch_times.append(t_batch)
+                    copy_times.append(t_copy)
                 log(
                     f"  {ntok:>7} tokens run {rep}{' (warm-up)' if rep == 0 else ''}: pd {t_pd * 1e3:8.1f} ms, "
-                    f"raw {t_raw * 1e3:8.1f} ms, raw batch {t_batch * 1e3:8.1f} ms"
+                    f"raw {t_raw * 1e3:8.1f} ms, raw batch {t_batch * 1e3:8.1f} ms, copy {t_copy * 1e3:8.1f} ms"
                 )
             blocks = len(contiguous_runs(src, dst)[0]) * len(p_args.kv_data_ptrs) + len(p_args.aux_data_ptrs)
-            rows.append((ntok, nbytes, blocks, pd_times, raw_times, batch_times))
+            rows.append((ntok, nbytes, blocks, pd_times, raw_times, batch_times, copy_times))
     finally:
         p_mgr.close()
         d_mgr.close()
@@ -175,16 +193,17 @@ def main(argv=None) -> int:
         return f"{best * 1e3:>7.1f} / {med * 1e3:>6.1f} {nbytes / best / gib:>6.2f} / {nbytes / med / gib:>5.2f}"
 
     print(f"\nPD KV transfer ({args.backend}, page_size={ps}, layout={args.layout}, {args.repeats} runs; ms and GiB/s as best / median)")
-    print("pd: manager/sender/receiver, send() -> receiver Success; raw: transfer_sync_write per layer buffer; "
-          "raw batch: one batch_transfer_sync_write of those buffers")
+    print("pd: manager/sender/receiver over Mooncake, send() -> receiver Success; raw: transfer_sync_write per layer "
+          "buffer; raw batch: one batch_transfer_sync_write of those buffers; copy: one process_vm_writev of them")
     w = 30
-    hdr = f"{'tokens':>8} {'MiB':>8} {'blocks':>7} | {'pd':^{w}} | {'raw':^{w}} | {'raw batch':^{w}} | {'pd/raw':>6} {'pd/batch':>8}"
+    hdr = (f"{'tokens':>8} {'MiB':>8} {'blocks':>7} | {'pd':^{w}} | {'raw':^{w}} | {'raw batch':^{w}} | {'copy':^{w}} | "
+           f"{'pd/raw':>6} {'pd/batch':>8} {'batch/copy':>10}")
     print(hdr)
     print("-" * len(hdr))
-    for ntok, nbytes, blocks, pd, raw, batch in rows:
+    for ntok, nbytes, blocks, pd, raw, batch, copy in rows:
         print(
             f"{ntok:>8} {nbytes / 2**20:>8.1f} {blocks:>7} | {cell(pd, nbytes)} | {cell(raw, nbytes)} | {cell(batch, nbytes)} | "
-            f"{min(raw) / min(pd):>6.2f} {min(batch) / min(pd):>8.2f}"
+            f"{cell(copy, nbytes)} | {min(raw) / min(pd):>6.2f} {min(batch) / min(pd):>8.2f} {min(batch) / min(copy):>10.1f}"
         )
     return 0
 
