@@ -118,6 +118,32 @@ def test_crossover_search_stops_at_the_first_row_count_where_the_other_path_wins
     assert _crossover([mod], torch.float32, (1, 2), lambda x, m: time.sleep(0.004), other) == 0
 
 
+def test_crossover_margin_and_a_burst_of_noise():
+    """With a margin the other path must win by that much; a loss is timed again before it ends the
+    search, so a burst of load during one row count's rounds does not decide it."""
+    import time
+
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang.srt.layers.linear_crossover import _crossover
+
+    mod = ReplicatedLinear(8, 8)
+    other = lambda x, m: time.sleep(0.010)  # noqa: E731
+    slightly_slower = lambda x, m: time.sleep(0.0105)  # noqa: E731
+    assert _crossover([mod], torch.float32, (1, 2, 4), slightly_slower, other) == 0
+    assert _crossover([mod], torch.float32, (1, 2, 4), slightly_slower, other, margin=0.1) == 4
+    calls = {"n": 0}
+
+    def burst_at_2(x, m):  # the first 4 calls at 2 rows (a warm-up and 3 rounds) run 3x slower
+        if x.shape[0] == 2:
+            calls["n"] += 1
+            time.sleep(0.030 if calls["n"] <= 4 else 0.005)
+        else:
+            time.sleep(0.005)
+
+    assert _crossover([mod], torch.float32, (1, 2, 4), burst_at_2, other) == 4
+    assert calls["n"] >= 8  # timed twice
+
+
 @pytest.mark.parametrize("dtype,quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 def test_measured_crossover_is_recorded_and_both_sides_of_it_compute_the_linear(monkeypatch, tmp_path, dtype, quantize):
     from torch import nn
@@ -363,7 +389,7 @@ def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tm
 
     from sglang.srt.layers import cpu_ops
     from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
-    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, measure_panel_rows
+    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, PANEL_MARGIN, measure_panel_rows
 
     dtype = _panels_with_a_onednn_copy_dtype() if cpu_ops.available() else None
     if dtype is None:
@@ -388,4 +414,4 @@ def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tm
             rows, "measured earlier in this process")
     import json
     (entry,) = json.loads((tmp_path / "rows.json").read_text()).values()
-    assert entry["key"]["what"] == "panels vs oneDNN"
+    assert entry["key"]["what"] == f"panels vs oneDNN, margin {PANEL_MARGIN}"
