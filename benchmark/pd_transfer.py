@@ -10,7 +10,8 @@ one bootstrap server and two Mooncake KV managers in this process, talking over 
        (contiguous source and destination; no grouping, no control messages).
 * raw batch: those per-buffer blocks in one `batch_transfer_sync_write`.
 * copy: those blocks by the same-host copy that replaces Mooncake's data path when the decode is a
-       process on this machine (`same_host.py`, one `process_vm_writev`); the pd column keeps
+       process on this machine (`same_host.py`, one `process_vm_writev`; here into this process's
+       own decode pool, the same kernel path as into another process); the pd column keeps
        Mooncake (its decode manager runs with SGLANG_DISAGGREGATION_SAME_HOST_COPY=0).
 
 Usage:
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
     Sender, Receiver = get_kv_class(args.backend, KVClassType.SENDER), get_kv_class(args.backend, KVClassType.RECEIVER)
     addr = f"127.0.0.1:{port}"
     rng = np.random.default_rng(0)
-    identity, writer = same_host.HostIdentity(), same_host.SameHostWriter()
+    identity = same_host.HostIdentity([(p, n) for p, n in zip(d_args.kv_data_ptrs, d_args.kv_data_lens)])
+    writer = same_host.SameHostWriter()
     room = 0
     rows = []
     try:

@@ -240,8 +240,10 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         assert len(turn_files) == 1 and log.count("compute turns: shared") == 2, log
         _clients_shapes_then_pools_free(router, ports)
         _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
-        # one machine: the KV went by the same-host copy, proven once for the decode's pid
-        assert log_path.read_text(errors="replace").count(same_host.COPY_MESSAGE) == 1
+        # one machine: the KV went by the same-host copy (where the kernel lets siblings copy), proven
+        # once for the decode process
+        copies = same_host.copy_permitted("siblings")
+        assert log_path.read_text(errors="replace").count(same_host.COPY_MESSAGE) == (1 if copies else 0)
         # The router runs at warn: its health checks (every 5 s) and requests leave no INFO lines.
         router_info = [ln for ln in log_path.read_text(errors="replace").splitlines() if "smg::" in ln and "INFO" in ln]
         assert not router_info, router_info[:3]
@@ -250,7 +252,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         log = log_path.read_text(errors="replace")
         assert "the decode server exited with code -9; restarting it" in log
         assert "the decode server is back" in log
-        assert log.count(same_host.COPY_MESSAGE) == 2  # the restarted decode (a new pid) proved itself again
+        assert log.count(same_host.COPY_MESSAGE) == (2 if copies else 0)  # the restarted decode proved itself again
         tree = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0

@@ -118,30 +118,40 @@ def test_crossover_search_stops_at_the_first_row_count_where_the_other_path_wins
     assert _crossover([mod], torch.float32, (1, 2), lambda x, m: time.sleep(0.004), other) == 0
 
 
-def test_crossover_margin_and_a_burst_of_noise():
-    """With a margin the other path must win by that much; a loss is timed again before it ends the
-    search, so a burst of load during one row count's rounds does not decide it."""
-    import time
-
+def test_crossover_margin_and_a_burst_of_noise(monkeypatch):
+    """Scripted timings: with a margin the other path must win by that much (but not at the last
+    candidate, where winning drops the other path for every larger row count); a loss is timed again
+    before it ends the search, so a burst of load during one row count's rounds does not decide it."""
+    from sglang.srt.layers import linear_crossover
     from sglang.srt.layers.linear import ReplicatedLinear
-    from sglang.srt.layers.linear_crossover import _crossover
 
     mod = ReplicatedLinear(8, 8)
-    other = lambda x, m: time.sleep(0.010)  # noqa: E731
-    slightly_slower = lambda x, m: time.sleep(0.0105)  # noqa: E731
-    assert _crossover([mod], torch.float32, (1, 2, 4), slightly_slower, other) == 0
-    assert _crossover([mod], torch.float32, (1, 2, 4), slightly_slower, other, margin=0.1) == 4
-    calls = {"n": 0}
+    seen = []
+    record = lambda x, m: seen.append(x.shape[0])  # noqa: E731
+    timings = {}  # rows -> list of (small, other) per timing, the last one repeating
+    timed = []
 
-    def burst_at_2(x, m):  # the first 4 calls at 2 rows (a warm-up and 3 rounds) run 3x slower
-        if x.shape[0] == 2:
-            calls["n"] += 1
-            time.sleep(0.030 if calls["n"] <= 4 else 0.005)
-        else:
-            time.sleep(0.005)
+    def scripted(passes):
+        passes[0]()
+        rows = seen[-1]
+        timed.append(rows)
+        script = timings[rows]
+        return script[min(timed.count(rows), len(script)) - 1]
 
-    assert _crossover([mod], torch.float32, (1, 2, 4), burst_at_2, other) == 4
-    assert calls["n"] >= 8  # timed twice
+    monkeypatch.setattr(linear_crossover, "_least_seconds", scripted)
+    crossover = lambda margin: linear_crossover._crossover([mod], torch.float32, (1, 2, 4), record, record,  # noqa: E731
+                                                           margin=margin)
+    timings.update({1: [(1.05, 1.0)], 2: [(1.05, 1.0)], 4: [(1.0, 1.0)]})  # the other path 5% faster
+    assert crossover(0.0) == 0 and crossover(0.1) == 4
+    timings.update({4: [(1.05, 1.0)]})  # ... at the last candidate too: not dropped for larger rows
+    timed.clear()
+    assert crossover(0.1) == 2
+    timings.update({1: [(1.0, 1.0)], 2: [(3.0, 1.0), (1.0, 1.0)], 4: [(1.0, 1.0)]})  # a burst at 2 rows
+    timed.clear()
+    assert crossover(0.0) == 4 and timed.count(2) == 2  # timed twice, the least time counts
+    timings.update({2: [(3.0, 1.0), (2.0, 1.0)]})  # slower both times: the search stops there
+    timed.clear()
+    assert crossover(0.0) == 1
 
 
 @pytest.mark.parametrize("dtype,quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])

@@ -171,20 +171,23 @@ _DTYPE_BY_NAME = {str(d): d for d in (torch.float32, torch.bfloat16, torch.int8)
 def _crossover(mods: List[nn.Module], dtype: torch.dtype, candidates: Sequence[int],
                small: Callable, other: Callable, margin: float = 0.0) -> int:
     """The largest of `candidates` (ascending) up to which `other` is not more than `margin` faster
-    than `small` over one pass of `mods`; 0 when it is from the first. A loss ends the search, so it
-    is timed a second time before it counts (the least time of both): one noisy round on a shared
-    machine must not hand every larger row count to the other path."""
+    than `small` over one pass of `mods`; 0 when it is from the first. At the last candidate `small`
+    must be at least as fast (no margin): reaching it lets the caller drop `other` for every larger
+    row count too. A loss ends the search, so it is timed a second time before it counts (the least
+    time of both): one noisy round on a shared machine must not hand every larger row count to the
+    other path."""
     widths = {m.weight.shape[1] for m in mods}
     best = 0
     with torch.inference_mode():
         for rows in candidates:
             xs = {k: torch.randn(rows, k).to(dtype) for k in widths}
             passes = [lambda fn=fn: [fn(xs[m.weight.shape[1]], m) for m in mods] for fn in (small, other)]
+            slack = 1.0 + (margin if rows != candidates[-1] else 0.0)
             t_small, t_other = _least_seconds(passes)
-            if t_small > t_other * (1 + margin):
+            if t_small > t_other * slack:
                 again = _least_seconds(passes)
                 t_small, t_other = min(t_small, again[0]), min(t_other, again[1])
-            if t_small > t_other * (1 + margin):
+            if t_small > t_other * slack:
                 break
             best = rows
     return best

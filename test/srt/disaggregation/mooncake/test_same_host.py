@@ -17,9 +17,9 @@ DONE = {KVPoll.Success, KVPoll.Failed}
 
 
 def _decode_main(conn):
-    """Child: a token and a zeroed buffer; answers 'dump' with the buffer's bytes."""
-    identity = same_host.HostIdentity()
+    """Child: a zeroed buffer, advertised with a token; answers 'dump' with the buffer's bytes."""
     buf = np.zeros(1 << 16, dtype=np.uint8)
+    identity = same_host.HostIdentity([(buf.ctypes.data, buf.nbytes)])
     conn.send((identity.frame(), buf.ctypes.data))
     while True:
         cmd = conn.recv()
@@ -30,6 +30,8 @@ def _decode_main(conn):
 
 @pytest.fixture
 def decode_process():
+    if not same_host.copy_permitted("descendant"):
+        pytest.skip("this kernel does not let a process copy into its child (Yama ptrace_scope >= 2)")
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_decode_main, args=(child,), daemon=True)
@@ -75,35 +77,73 @@ def test_more_blocks_than_one_call_takes(decode_process):
 
 def test_wrong_token_writes_nothing_and_is_not_tried_again(decode_process):
     proc, conn, frame, base = decode_process
-    pid, addr, token = same_host.parse_frame(frame)
+    peer = same_host.parse_frame(frame)
     src = np.full(64, 9, dtype=np.uint8)
     writer = same_host.SameHostWriter()
-    forged = (pid, addr, bytes(b ^ 0xFF for b in token))
+    forged = peer._replace(token=bytes(b ^ 0xFF for b in peer.token))
     assert not writer.write("peer", forged, [src.ctypes.data], [base], [64])
-    assert "does not hold the decode's token" in writer.refused[f"peer (pid {pid})"]
-    assert not writer.write("peer", (pid, addr, token), [src.ctypes.data], [base], [64])  # refused for good
+    (why,) = writer.refused.values()
+    assert "does not hold the decode's token" in why
+    assert not writer.write("peer", forged, [src.ctypes.data], [base], [64])  # refused for good
     assert not _dump(conn).any() and writer.copied_bytes == 0
+    assert writer.write("peer", peer, [src.ctypes.data], [base], [64])  # the real token still works
+
+
+def test_blocks_outside_the_advertised_buffers_are_not_copied(decode_process):
+    proc, conn, frame, base = decode_process
+    peer = same_host.parse_frame(frame)
+    src = np.full(64, 9, dtype=np.uint8)
+    writer = same_host.SameHostWriter()
+    for dst, n in ((base + (1 << 16) - 32, 64), (base - 64, 64), (base + (1 << 16), 1)):
+        assert not writer.write("peer", peer, [src.ctypes.data, src.ctypes.data], [base, dst], [8, n])
+    assert not writer.refused and not _dump(conn).any() and writer.copied_bytes == 0
+
+
+def test_long_blocks_and_many_blocks_are_cut_into_calls(decode_process, monkeypatch):
+    proc, conn, frame, base = decode_process
+    monkeypatch.setattr(same_host, "_CALL_BYTES", 1000)  # as if a call could move 1000 bytes
+    src = (np.arange(1 << 16) % 253 + 1).astype(np.uint8)
+    writer = same_host.SameHostWriter()
+    srcs, dsts, lens = [src.ctypes.data, src.ctypes.data + 5000], [base, base + 10000], [2500, 40000]
+    assert writer.write("peer", same_host.parse_frame(frame), srcs, dsts, lens)
+    got = _dump(conn)
+    assert np.array_equal(got[:2500], src[:2500]) and np.array_equal(got[10000:50000], src[5000:45000])
+    assert not got[2500:10000].any() and not got[50000:].any()
+    calls = list(same_host._calls(*(np.asarray(v, dtype=np.uint64) for v in (srcs, dsts, lens))))
+    assert [int(c[2].sum()) for c in calls] == [1000, 1000, 500] + [1000] * 40
+    assert all(int(c[2].max()) <= 1000 for c in calls)
 
 
 def test_dead_pid_and_bad_address_fall_back(decode_process):
     proc, conn, frame, base = decode_process
-    pid, addr, token = same_host.parse_frame(frame)
+    peer = same_host.parse_frame(frame)
     src = np.full(64, 9, dtype=np.uint8)
+    unmapped = peer._replace(regions=np.array([[4096, 4096]], dtype=np.uint64))  # as if it had a buffer there
     writer = same_host.SameHostWriter()
-    assert not writer.write("a", (pid, addr, token), [src.ctypes.data], [4096], [64])  # unmapped page
-    assert "copied 0 of 64 bytes (Bad address)" in writer.refused[f"a (pid {pid})"]
+    assert not writer.write("a", unmapped, [src.ctypes.data], [4096], [64])
+    assert "copied 0 of 64 bytes (Bad address)" in writer.refused[f"a (pid {peer.pid}, token {peer.token.hex()[:8]})"]
     conn.send("stop")
     proc.join(10)
-    assert not writer.write("b", (pid, addr, token), [src.ctypes.data], [base], [64])
-    assert "cannot read pid" in writer.refused[f"b (pid {pid})"] and "No such process" in writer.refused[f"b (pid {pid})"]
+    assert not writer.write("b", peer, [src.ctypes.data], [base], [64])
+    why = writer.refused[f"b (pid {peer.pid}, token {peer.token.hex()[:8]})"]
+    assert "cannot read pid" in why and "No such process" in why
 
 
 def test_frames():
-    identity = same_host.HostIdentity()
-    pid, addr, token = same_host.parse_frame(identity.frame())
-    assert addr == identity.token.ctypes.data and token == identity.token.tobytes() and len(token) == 16
-    for bad in (b"", b"1:2", b"x:y:z", b"\xff"):
-        assert same_host.parse_frame(bad) is None
+    identity = same_host.HostIdentity([(8192, 100), (4096, 50)])
+    peer = same_host.parse_frame(identity.frame())
+    assert peer.pid == os.getpid() and peer.token_addr == identity.token.ctypes.data
+    assert peer.token == identity.token.tobytes() and len(peer.token) == 16
+    assert peer.regions.tolist() == [[4096, 50], [8192, 100]]  # sorted for the bounds check
+    good = identity.frame().decode().split(":")
+    bad = [b"", b"1:2", b"x:y:z:w", b"\xff",
+           f"{good[0]}:{good[1]}::{good[3]}",  # an empty token would match any process
+           f"{good[0]}:{good[1]}:{good[2][:-2]}:{good[3]}",  # 15 bytes
+           f"0:{good[1]}:{good[2]}:{good[3]}", f"{1 << 22}:{good[1]}:{good[2]}:{good[3]}",
+           f"{good[0]}:0:{good[2]}:{good[3]}", f"{good[0]}:{1 << 64}:{good[2]}:{good[3]}",
+           f"{good[0]}:{good[1]}:{good[2]}:", f"{good[0]}:{good[1]}:{good[2]}:{good[3][:-2]}"]
+    for frame in bad:
+        assert same_host.parse_frame(frame if isinstance(frame, bytes) else frame.encode()) is None, frame
 
 
 def test_registration_carries_the_token_after_upstreams_frames():
@@ -155,7 +195,8 @@ def test_manager_falls_back_to_mooncake_when_the_token_is_wrong():
         assert _transfer(p, 22, src, dst, forget_token) == (KVPoll.Success, KVPoll.Success)
         _assert_pages_equal(p, src, dst)
         writer = p.prefill.manager.same_host_writer
-        assert writer.copied_bytes == 0 and list(writer.refused) == [f"{p.decode.manager.session_id} (pid {os.getpid()})"]
+        (key,) = writer.refused
+        assert writer.copied_bytes == 0 and key.startswith(f"{p.decode.manager.session_id} (pid {os.getpid()}, token ")
     finally:
         p.close()
 

@@ -110,6 +110,7 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
         for ptr, length in regions:
             self.engine.register(ptr, length)
             self._registered_ptrs.append(ptr)
+        self.registered_regions = regions  # what a same-host prefill may write (same_host.py)
 
     def _start_thread(self, target, name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

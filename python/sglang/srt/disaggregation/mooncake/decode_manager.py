@@ -44,7 +44,7 @@ class DecodeManagerMixin:
         self.required_prefill_responses: Dict[int, int] = {}
         self.prefill_responses: Dict[int, Set[int]] = {}
         self.bootstrap_requests: queue.Queue = queue.Queue()
-        self.host_identity = same_host.HostIdentity() if same_host.enabled() else None
+        self.host_identity = same_host.HostIdentity(self.registered_regions) if same_host.enabled() else None
         self._start_thread(self._decode_status_thread, "kv-decode-status")
         self._start_thread(self._decode_bootstrap_thread, "kv-decode-bootstrap")
         self._start_thread(self._heartbeat_thread, "kv-decode-heartbeat")

@@ -197,12 +197,13 @@ class PrefillManagerMixin:
                 logger.exception("KV transfer of room %s failed", chunk.room)
                 self._close_room(chunk.room, f"KV transfer of request {chunk.room} failed: {e}", notify=True)
 
-    def _transfer_data(self, session_id: str, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
-        reg = self.decode_kv_args_table.get(session_id)
-        peer = same_host.parse_frame(reg.same_host) if reg is not None and reg.same_host else None
-        if self.same_host_writer.write(session_id, peer, srcs, dsts, lens):
+    def _transfer_data(self, reg: KVArgsRegisterInfo, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
+        """Writes the blocks into the decode rank `reg` registered (the addresses come from the same
+        registration): by the same-host copy where that rank proved to be on this host, else Mooncake."""
+        peer = same_host.parse_frame(reg.same_host) if reg.same_host else None
+        if self.same_host_writer.write(reg.mooncake_session_id, peer, srcs, dsts, lens):
             return 0
-        return self._mooncake_transfer(session_id, srcs, dsts, lens)
+        return self._mooncake_transfer(reg.mooncake_session_id, srcs, dsts, lens)
 
     def _mooncake_transfer(self, session_id: str, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
         """One batch_transfer_sync_write per chunk, split only past the engine's batch limit
@@ -254,7 +255,7 @@ class PrefillManagerMixin:
             srcs, dsts, lens = build_chunk_blocks(self.kv_args, reg, info, chunk)
             if not srcs:
                 continue
-            ret = self._transfer_data(info.mooncake_session_id, srcs, dsts, lens)
+            ret = self._transfer_data(reg, srcs, dsts, lens)
             if ret < 0:
                 logger.error("KV transfer of request %s to %s:%s failed (ret=%s) after its retries", room,
                              info.endpoint, info.dst_port, ret)
