@@ -399,7 +399,7 @@ def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tm
 
     from sglang.srt.layers import cpu_ops
     from sglang.srt.layers.linear import ReplicatedLinear, pack_linear_weights
-    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, PANEL_MARGIN, measure_panel_rows
+    from sglang.srt.layers.linear_crossover import PANEL_CANDIDATE_ROWS, PANEL_RULE, measure_panel_rows
 
     dtype = _panels_with_a_onednn_copy_dtype() if cpu_ops.available() else None
     if dtype is None:
@@ -424,4 +424,4 @@ def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tm
             rows, "measured earlier in this process")
     import json
     (entry,) = json.loads((tmp_path / "rows.json").read_text()).values()
-    assert entry["key"]["what"] == f"panels vs oneDNN, margin {PANEL_MARGIN}"
+    assert entry["key"]["what"] == PANEL_RULE

@@ -49,6 +49,7 @@ MIN_CORE_SHARE = 0.8
 # default model, batch 64 bf16: panels 19.4 against oneDNN 21.3 ms a pass, but 33-36 against
 # 47-51 ms a decode step once a noisy measurement had given oneDNN the 64 rows).
 PANEL_MARGIN = 0.10
+PANEL_RULE = f"panels vs oneDNN, margin {PANEL_MARGIN}, outright at the last"  # in the cache key: a new rule measures anew
 
 
 def measure_small_m_rows(model: nn.Module, candidates: Sequence[int] = SMALL_M_CANDIDATE_ROWS
@@ -106,7 +107,7 @@ def measure_panel_rows(model: nn.Module, candidates: Sequence[int] = PANEL_CANDI
     if fixed is not None:
         rows, source = fixed, "SGLANG_CPU_PANEL_ROWS"
     else:
-        found, source = _kept(_cache_key(mods, False, candidates, what=f"panels vs oneDNN, margin {PANEL_MARGIN}"), lambda: {
+        found, source = _kept(_cache_key(mods, False, candidates, what=PANEL_RULE), lambda: {
             str(dtype): max(1, _crossover(mods, dtype, candidates,
                                    small=lambda x, m: torch.ops.sgl_kernel.linear(x, m.packed_weight, None, m.bias),
                                    other=lambda x, m: _large_m_linear(x, m.weight, m.bias, m.onednn_weight),
