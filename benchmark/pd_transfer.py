@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     server = KVBootstrapServer("127.0.0.1", port)
     sa = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=port, disaggregation_transfer_backend=args.backend, tp_size=1)
     sides = {}
+    os.environ["SGLANG_DISAGGREGATION_SAME_HOST_COPY"] = "0"  # pd: Mooncake's data path; copy: its own column
     for mode in (DisaggregationMode.PREFILL, DisaggregationMode.DECODE):
         pool = MHATokenToKVPool(total_pages * ps, ps, dtype, args.kv_heads, args.head_dim, range(args.layers))
         if mode == DisaggregationMode.PREFILL:
@@ -101,7 +102,6 @@ def main(argv=None) -> int:
                 b.view(torch.uint8).random_(0, 256) if elem == 1 else b.view(torch.int16 if elem == 2 else torch.int32).random_(0, 1 << 14)
         md = MetadataBuffers(4)
         kv_args = kv_args_from_pools(pool, md, ps)
-        os.environ["SGLANG_DISAGGREGATION_SAME_HOST_COPY"] = "0"  # pd: Mooncake's data path; copy: its own column
         mgr = get_kv_class(args.backend, KVClassType.MANAGER)(kv_args, mode, sa)
         sides[mode] = (pool, md, kv_args, mgr)
     (p_pool, p_md, p_args, p_mgr), (d_pool, d_md, d_args, d_mgr) = sides[DisaggregationMode.PREFILL], sides[DisaggregationMode.DECODE]

@@ -162,4 +162,4 @@ def test_fuzz_hybrid_ssm_pair_through_the_router(hybrid):
     assert not report.violations, report.summary()
     _after_run(hybrid, url(ports["router"]))
     # KV and state went by the copy, where the kernel lets sibling processes copy
-    assert (same_host.COPY_MESSAGE in hybrid["prefill_log"].read_text()) == same_host.copy_permitted("siblings")
+    assert (same_host.COPY_MESSAGE in hybrid["prefill_log"].read_text()) == same_host.copy_permitted()

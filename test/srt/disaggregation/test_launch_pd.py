@@ -242,7 +242,7 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         _web_page_chats_through_the_router(f"http://127.0.0.1:{ports[2]}")
         # one machine: the KV went by the same-host copy (where the kernel lets siblings copy), proven
         # once for the decode process
-        copies = same_host.copy_permitted("siblings")
+        copies = same_host.copy_permitted()
         assert log_path.read_text(errors="replace").count(same_host.COPY_MESSAGE) == (1 if copies else 0)
         # The router runs at warn: its health checks (every 5 s) and requests leave no INFO lines.
         router_info = [ln for ln in log_path.read_text(errors="replace").splitlines() if "smg::" in ln and "INFO" in ln]

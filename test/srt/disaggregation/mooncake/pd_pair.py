@@ -109,6 +109,12 @@ class PDPair:
         assert wait_poll(snd, {KVPoll.WaitingForInput, KVPoll.Failed}, timeout) == KVPoll.WaitingForInput
         return snd, rcv
 
+    def assert_pages_equal(self, src_pages, dst_pages):
+        """Every buffer's decode page dst_pages[i] holds the prefill's page src_pages[i]."""
+        for b in range(self.prefill.num_buffers):
+            for s, d in zip(np.asarray(src_pages).tolist(), np.asarray(dst_pages).tolist()):
+                assert torch.equal(self.decode.page(b, d), self.prefill.page(b, s)), (b, s, d)
+
     def close_prefill(self):
         self.prefill.manager.close()
         self.server.close()

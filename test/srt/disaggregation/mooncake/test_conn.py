@@ -22,12 +22,6 @@ def pair(request):
     p.close()
 
 
-def _assert_pages_equal(pair, src_pages, dst_pages):
-    for b in range(pair.prefill.num_buffers):
-        for s, d in zip(src_pages.tolist(), dst_pages.tolist()):
-            assert torch.equal(pair.decode.page(b, d), pair.prefill.page(b, s)), (b, s, d)
-
-
 def test_several_requests_pages_and_metadata(pair):
     rng = np.random.default_rng(pair.prefill.page_size)
     ps = pair.prefill.page_size
@@ -52,7 +46,7 @@ def test_several_requests_pages_and_metadata(pair):
     for i, (room, snd, rcv, src, dst) in enumerate(reqs):
         assert wait_poll(rcv, DONE, 10) == KVPoll.Success
         assert wait_poll(snd, DONE, 10) == KVPoll.Success
-        _assert_pages_equal(pair, src, dst)
+        pair.assert_pages_equal(src, dst)
         assert pair.decode.metadata.get_buf(i + 1) == pair.prefill.metadata.get_buf(i)
         assert pair.decode.metadata.get_buf(i + 1).bootstrap_room == room
         metric = snd.get_transfer_metric()
@@ -87,7 +81,7 @@ def test_chunked_send(pair):
     snd.send(src[4:])
     assert wait_poll(rcv, DONE, 10) == KVPoll.Success
     assert wait_poll(snd, DONE, 10) == KVPoll.Success
-    _assert_pages_equal(pair, src, dst)
+    pair.assert_pages_equal(src, dst)
     assert pair.decode.metadata.get_buf(5).output_id == 77
 
 
@@ -105,7 +99,7 @@ def test_metadata_before_sender_exists(pair):
     snd.init(2, aux_index=6)
     snd.send(src)
     assert wait_poll(rcv, DONE, 10) == KVPoll.Success
-    _assert_pages_equal(pair, src, dst)
+    pair.assert_pages_equal(src, dst)
 
 
 def test_metadata_before_bootstrap_resolved(pair):
@@ -121,7 +115,7 @@ def test_metadata_before_bootstrap_resolved(pair):
     snd.init(1, aux_index=7)
     snd.send(src)
     assert wait_poll(rcv, DONE, 10) == KVPoll.Success
-    _assert_pages_equal(pair, src, dst)
+    pair.assert_pages_equal(src, dst)
 
 
 def test_mamba_state_slot_transfer():
@@ -136,7 +130,7 @@ def test_mamba_state_slot_transfer():
         for t_src, t_dst in zip(p.prefill.state, p.decode.state):
             assert torch.equal(t_dst[5], t_src[2])
             assert not t_dst[[0, 1, 2, 3, 4]].any()  # only the target slot was written
-        _assert_pages_equal(p, src, dst)
+        p.assert_pages_equal(src, dst)
         assert p.decode.metadata.get_buf(0).output_id == 9
     finally:
         p.close()
@@ -184,7 +178,7 @@ def test_many_blocks_split_across_engine_batches(monkeypatch, limit):
         snd.init(len(src), aux_index=0)
         snd.send(src)
         assert wait_poll(rcv, DONE, 30) == KVPoll.Success
-        _assert_pages_equal(p, src, dst)
+        p.assert_pages_equal(src, dst)
     finally:
         p.close()
 
@@ -226,7 +220,7 @@ def test_concurrent_requests_with_random_chunking():
                     snd.send(chunks.pop(0))
         for room, snd, rcv, src, dst, *_ in reqs:
             assert wait_poll(snd, DONE, 10) == KVPoll.Success
-            _assert_pages_equal(p, src, dst)
+            p.assert_pages_equal(src, dst)
     finally:
         p.close()
 

@@ -100,7 +100,7 @@ def test_cross_process_transfer_then_prefill_killed(prefill_process, same_host_c
         state, pages, copied_bytes = conn.recv()
         assert state == KVPoll.Success
         # the bytes went by the path the decode offered, where the kernel lets the child write into us
-        assert (copied_bytes > 0) == (same_host_copy and same_host.copy_permitted("siblings"))
+        assert (copied_bytes > 0) == (same_host_copy and same_host.copy_permitted())
         assert wait_poll(rcv, DONE, 10) == KVPoll.Success
         for b in range(decode.num_buffers):
             for i, d in enumerate(dst):

@@ -200,8 +200,7 @@ class PrefillManagerMixin:
     def _transfer_data(self, reg: KVArgsRegisterInfo, srcs: List[int], dsts: List[int], lens: List[int]) -> int:
         """Writes the blocks into the decode rank `reg` registered (the addresses come from the same
         registration): by the same-host copy where that rank proved to be on this host, else Mooncake."""
-        peer = same_host.parse_frame(reg.same_host) if reg.same_host else None
-        if self.same_host_writer.write(reg.mooncake_session_id, peer, srcs, dsts, lens):
+        if self.same_host_writer.write(reg.mooncake_session_id, reg.same_host_peer, srcs, dsts, lens):
             return 0
         return self._mooncake_transfer(reg.mooncake_session_id, srcs, dsts, lens)
 

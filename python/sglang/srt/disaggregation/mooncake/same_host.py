@@ -48,16 +48,16 @@ def enabled() -> bool:
     return os.environ.get("SGLANG_DISAGGREGATION_SAME_HOST_COPY", "1").lower() not in ("0", "false", "no", "off")
 
 
-def copy_permitted(between: str = "siblings") -> bool:
-    """Whether this kernel lets one process copy into another of the same user: `between`
-    "siblings" (launch_pd's servers) or "descendant" (a parent into its child). Yama's
-    `ptrace_scope` 1 allows a descendant only, 2 neither, without CAP_SYS_PTRACE; 3 never."""
+def copy_permitted(into_child: bool = False) -> bool:
+    """Whether this kernel lets a process copy into another process of the same user: into its
+    own child (`into_child`), or into any other (launch_pd's servers are siblings). Yama's
+    `ptrace_scope` 1 allows the child only, 2 neither, without CAP_SYS_PTRACE; 3 never."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             scope = int(f.read().strip())
     except (OSError, ValueError):
         return True  # no Yama: the classic same-user rule
-    if scope == 0 or (scope == 1 and between == "descendant"):
+    if scope == 0 or (scope == 1 and into_child):
         return True
     if scope >= 3:
         return False
@@ -157,7 +157,7 @@ class SameHostWriter:
     """The prefill side: copies a batch into a proven same-host peer, else says it did not."""
 
     def __init__(self) -> None:
-        self.refused: Dict[str, str] = {}  # "session (pid N)" -> why its batches go through Mooncake
+        self.refused: Dict[str, str] = {}  # "session (pid N, token T)" -> why its batches go through Mooncake
         self.copied_bytes = 0
         self._copying: Dict[str, None] = {}
         self._lock = threading.Lock()
