@@ -240,6 +240,29 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
     return count
 
 
+def weights_into_huge_pages(model: nn.Module) -> int:
+    """Moves the weights decode streams every step (panel-packed weights and int8 weights) into
+    one mapping of transparent huge pages (utils/host_memory.py `into_huge_pages`); returns the
+    bytes moved, 0 where huge pages are off or unavailable."""
+    from sglang.srt.utils.host_memory import huge_pages_wanted, into_huge_pages
+
+    if not huge_pages_wanted():
+        return 0
+    slots = []  # (module, attribute, index in a (q, scale) pair or None)
+    for module in cpu_linear_modules(model):
+        if is_panel_weight(module.packed_weight):
+            slots.append((module, "packed_weight", None))
+        if getattr(module, "int8_weight", None) is not None:
+            slots.append((module, "int8_weight", 0))
+    tensors = [getattr(m, attr) if i is None else getattr(m, attr)[i] for m, attr, i in slots]
+    moved = into_huge_pages(tensors)
+    if moved is tensors or not slots:
+        return 0
+    for (module, attr, i), t in zip(slots, moved):
+        setattr(module, attr, t if i is None else (t, *getattr(module, attr)[1:]))
+    return sum(t.numel() * t.element_size() for t in moved)
+
+
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     if tuple(dst.shape) != tuple(src.shape):
         raise ValueError(f"Weight shape mismatch: parameter {tuple(dst.shape)} vs checkpoint {tuple(src.shape)}")

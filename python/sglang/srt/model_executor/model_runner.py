@@ -31,7 +31,7 @@ from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
-from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights
+from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights, weights_into_huge_pages
 from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -125,6 +125,10 @@ class ModelRunner:
             logger.info("sgl_kernel.linear up to " + ", ".join(
                 f"{n} row{'' if n == 1 else 's'} ({str(d).split('.')[1]})" for d, n in rows.items())
                 + f"; oneDNN beyond ({source})")
+        if self.device == "cpu":
+            moved = weights_into_huge_pages(self.model)
+            if moved:
+                logger.info(f"{moved / 2**20:.0f} MiB of packed weights in transparent huge pages")
         gc.collect()
         after = available_memory_bytes(self.device)
         logger.info(

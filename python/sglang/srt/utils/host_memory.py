@@ -42,3 +42,73 @@ def keep_freed_memory() -> str:
         return "host allocator: glibc refused some of the thresholds"
     return (f"host allocator: freed memory kept for reuse (glibc mmap threshold {MMAP_THRESHOLD >> 20} MB, "
             f"trim threshold {TRIM_THRESHOLD >> 20} MB; {ENV}=0 to turn off)")
+
+
+# ---- transparent huge pages for the tensors every step streams ---------------------------------
+# A decode step reads every weight once (268 MB for SmolLM2-135M in bf16) and each request's KV
+# rows. In 4 KB pages that is a TLB miss and a page walk every 64 cache lines, and the CPU's
+# stream prefetchers stop at every 4 KB boundary; in 2 MB pages neither happens. Linux gives a
+# process huge pages where it asks for them (madvise) in THP's default "madvise" mode, and
+# everywhere in "always" mode; weights packed into such a mapping made a batch-1 sweep over the
+# default model's linears ~20% faster on the dev machine.
+
+HUGE_PAGE = 2 << 20
+THP_ENV = "SGLANG_CPU_HUGE_PAGES"
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_huge_pages() -> str:
+    """The kernel's THP mode ("always", "madvise" or "never"), "" where there is none to read."""
+    try:
+        with open(_THP_SETTING) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else ""
+
+
+def huge_pages_wanted() -> bool:
+    """Whether `huge_page_buffer` asks for huge pages: on Linux with THP "always" or "madvise",
+    unless SGLANG_CPU_HUGE_PAGES=0."""
+    return os.environ.get(THP_ENV, "1") != "0" and transparent_huge_pages() in ("always", "madvise")
+
+
+def huge_page_buffer(nbytes: int):
+    """A uint8 tensor of `nbytes` bytes starting on a 2 MB boundary of an anonymous mapping advised
+    for transparent huge pages (MADV_HUGEPAGE, before any page is touched), or None when
+    `huge_pages_wanted()` says no or the mapping fails. The tensor keeps the mapping alive."""
+    import mmap
+
+    import torch
+
+    if nbytes <= 0 or not huge_pages_wanted() or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE + HUGE_PAGE
+    try:
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError):
+        return None
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    start = (-whole.data_ptr()) % HUGE_PAGE
+    return whole[start:start + nbytes]
+
+
+def into_huge_pages(tensors):
+    """Copies of dense `tensors` side by side in one `huge_page_buffer` (each on a 64-byte
+    boundary), in order; the tensors themselves (not copied) when there is no such buffer."""
+    tensors = list(tensors)
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        total += (t.numel() * t.element_size() + 63) // 64 * 64
+    buf = huge_page_buffer(total)
+    if buf is None:
+        return tensors
+    out = []
+    for t, off in zip(tensors, offsets):
+        view = buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out.append(view)
+    return out
