@@ -228,6 +228,37 @@ def test_linear_fp32_out_is_the_bf16_linear_widened_or_the_fp32_sums(isa, M, N, 
         ops.linear(x, weight, None, None, torch.float16)
 
 
+@pytest.mark.parametrize("M", [1, 7, 16, 64, 200])
+@pytest.mark.parametrize("N,K", [(64, 576), (96, 33), (32, 1), (320, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_argmax_is_the_argmax_of_the_stored_logits(isa, M, N, K, dtype):
+    """linear_argmax(x, panels) is torch.argmax of linear(x, panels, out_dtype=float32): the same
+    values compared (bf16's widened logits or the fp32 sums), ties to the first column (duplicated
+    weight rows in different panels and lanes, and bf16 rounding), NaN above every number (a NaN
+    bias column; NaN x makes the whole row NaN), all -inf giving 0; every kernel set, one and
+    several panels and threads' ranges, AMX's tiles and the vector tiles."""
+    g = torch.Generator().manual_seed(M * 13 + N + K)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    w[N - 1] = w[N // 2] = w[3]  # equal logits in columns 3, N / 2, N - 1
+    packed = ops.pack_linear_weight(w)
+    nan_bias = torch.randn(N, generator=g).to(dtype)
+    nan_bias[N - 2] = float("nan")
+    x_nan = x.clone()
+    x_nan[M // 2, 0] = float("nan")
+    for xs, bias in ((x, None), (x, torch.randn(N, generator=g).to(dtype)), (x, nan_bias), (x_nan, None),
+                     (x, torch.full((N,), float("-inf")).to(dtype))):
+        for round_to_x in (True, False):
+            logits = ops.linear(xs, packed, None, bias, torch.float32, round_to_x)
+            got = ops.linear_argmax(xs, packed, bias, round_to_x)
+            assert got.dtype == torch.int64 and got.shape == (M,)
+            assert torch.equal(got, torch.argmax(logits, dim=-1)), (bias, round_to_x)
+    w3 = torch.zeros(N, K).to(dtype)  # every logit equal: column 0
+    assert torch.equal(ops.linear_argmax(x, ops.pack_linear_weight(w3), None), torch.zeros(M, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="panel weights"):
+        ops.linear_argmax(x, w, None)
+
+
 def test_linear_fp32_out_of_int8_weights(isa):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 96, generator=g).bfloat16()

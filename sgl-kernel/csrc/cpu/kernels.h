@@ -40,6 +40,12 @@ struct LinearArgs {
     // y [M, ldy] = silu(x @ gate.T) * (x @ up.T) over the gate panels, each product rounded to
     // ytype first as the unfused linear then silu_and_mul rounds it.
     int64_t up_offset = 0;
+    // Greedy sampling (sgl_kernel.linear_argmax; panel weights, fp32 y): y is not stored, each
+    // vector of outputs updates its row's running argmax instead, one lane per column mod the
+    // vector width, argmax_value / argmax_index [M, vector_lanes()] (torch.argmax's choice: the
+    // first of the largest, NaN above all; a lane sees its columns in increasing order).
+    float* argmax_value = nullptr;
+    int32_t* argmax_index = nullptr;
 };
 
 struct NormArgs {

@@ -504,6 +504,21 @@ inline bool argmax_better(float v, int64_t i, float bv, int64_t bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// Row m's outputs at columns n.. n + VL - 1 into its running argmax (LinearArgs::argmax_value):
+// argmax_t's vector step, the columns as lane indices.
+inline void argmax_lanes(const LinearArgs& a, int64_t m, int64_t n, vf v) {
+    float* best_value = a.argmax_value + m * VL;
+    int32_t* best_index = a.argmax_index + m * VL;
+    vi idx, bidx;
+    for (int l = 0; l < VL; ++l) idx[l] = static_cast<int32_t>(n) + l;
+    __builtin_memcpy(&bidx, best_index, sizeof bidx);
+    const vf best = vld<float>(best_value);
+    const vi take = (v > best) | ((v != v) & (best == best));
+    vst<float>(best_value, take ? v : best);
+    bidx = take ? idx : bidx;
+    __builtin_memcpy(best_index, &bidx, sizeof bidx);
+}
+
 template <typename T>
 void argmax_t(const void* xv, int64_t ldx, int64_t V, int64_t* out, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

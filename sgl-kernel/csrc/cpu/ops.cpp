@@ -453,6 +453,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("linear(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias, ScalarType? out_dtype=None, "
           "bool round_to_x=True) -> Tensor");
     m.def("linear_silu_mul(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
+    m.def("linear_argmax(Tensor x, Tensor w, Tensor? bias, bool round_to_x=True) -> Tensor");
     m.def("pack_linear_weight(Tensor w) -> Tensor");
     m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -471,6 +472,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
 TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("linear", &sglk::linear);
     m.impl("linear_silu_mul", &sglk::linear_silu_mul);
+    m.impl("linear_argmax", &sglk::linear_argmax);
     m.impl("pack_linear_weight", &sglk::pack_linear_weight);
     m.impl("rmsnorm", &sglk::rmsnorm);
     m.impl("add_rmsnorm", &sglk::add_rmsnorm);

@@ -49,6 +49,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
                   const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, bool round_to_x);
 at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& w_scale,
                            const c10::optional<at::Tensor>& bias);
+at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                         bool round_to_x);
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                              const c10::optional<at::Tensor>& bias, int64_t K, const char* op);
 

@@ -24,8 +24,10 @@ constexpr int64_t kPanelRowBlock = 192;  // rows per pass over a thread's panels
 template <typename TY>
 inline void panel_store(const LinearArgs& a, int64_t m, int64_t n0, int64_t j, vf v) {
     if (a.bias) v += vld<float>(a.bias + n0 + j);
-    if constexpr (std::is_same_v<TY, float>)
+    if constexpr (std::is_same_v<TY, float>) {
         if (a.round_to_bf16) v = vrnd<bf16_t>(v);
+        if (a.argmax_value) return argmax_lanes(a, m, n0 + j, v);
+    }
     vst<TY>(static_cast<TY*>(a.y) + m * a.ldy + n0 + j, v);
 }
 

@@ -77,3 +77,39 @@ def test_bf16_logits_are_the_bf16_head_widened_and_fp32_head_gives_the_fp32_sums
     assert torch.equal(widened, F.linear(hidden.float(), head.weight.float()).bfloat16().float())
     torch.testing.assert_close(sums, F.linear(hidden.float(), head.weight.float()), atol=1e-5, rtol=1e-5)
     assert not torch.equal(sums, widened)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_argmax_only_decode_returns_the_argmax_instead_of_the_logits(dtype):
+    """forward_batch.argmax_only on a decode batch: next_token_ids = argmax of the logits the head
+    would give (bf16 widened, or the fp32 sums with fp32_lm_head), no logits, where the head is in
+    sgl-kernel panels; with a softcap, unpacked, on the torch path, or in an extend batch: logits."""
+    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers.linear import pack_linear_weights
+
+    if not cpu_ops.linear_panels_enabled(dtype):
+        pytest.skip(f"no {dtype} panels here: {cpu_ops.describe()}")
+    head = _head(v=4096, h=64, dtype=dtype)
+    plain = _head(v=4096, h=64, dtype=dtype)
+    pack_linear_weights(head)
+    hidden = torch.randn(6, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    fb = ForwardBatch.for_decode([1] * 6, [4] * 6, list(range(6)), torch.zeros(6, dtype=torch.int64))
+    for fp32_head in (False, True):
+        proc = LogitsProcessor()
+        proc.fp32_lm_head = fp32_head
+        fb.argmax_only = False
+        logits = proc(fb.input_ids, hidden, head, fb)
+        assert logits.next_token_ids is None
+        fb.argmax_only = True
+        out = proc(fb.input_ids, hidden, head, fb)
+        assert out.next_token_logits is None and out.next_token_ids.dtype == torch.int64
+        assert torch.equal(out.next_token_ids, torch.argmax(logits.next_token_logits, dim=-1))
+        torch.testing.assert_close(out.hidden_states, hidden)
+    for proc, h in ((LogitsProcessor(final_logit_softcapping=30.0), head), (LogitsProcessor(), plain)):
+        out = proc(fb.input_ids, hidden, h, fb)
+        assert out.next_token_ids is None and out.next_token_logits.shape == (6, 4096)
+    with cpu_ops.torch_fallbacks():
+        assert LogitsProcessor()(fb.input_ids, hidden, head, fb).next_token_ids is None
+    ext = ForwardBatch.for_extend([[1], [2]], [0, 0], [0, 1], torch.zeros(2, dtype=torch.int64))
+    ext.argmax_only = True
+    assert LogitsProcessor()(ext.input_ids, hidden[:2], head, ext).next_token_ids is None

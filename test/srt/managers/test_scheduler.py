@@ -34,6 +34,55 @@ def make_scheduler(model_dir, **kw):
 
 
 
+def test_all_greedy_decode_takes_the_argmax_in_the_lm_head(model_dir, hf_model, monkeypatch):
+    """An all-greedy decode batch with nothing that reads or changes the logits gets its tokens
+    from the LM head's own pass (sgl_kernel.linear_argmax, the head in panels): HF's tokens. A batch
+    with a request that wants logprobs, or one that samples, computes the logits."""
+    import torch
+
+    from sglang.srt.layers import cpu_ops, logits_processor
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    if not cpu_ops.linear_panels_enabled(torch.float32):
+        pytest.skip(f"no fp32 panels here: {cpu_ops.describe()}")
+    fused = []
+    real = logits_processor.module_linear_argmax
+
+    def counting(module, x, round_to_x=True):
+        ids = real(module, x, round_to_x)
+        fused.append(ids is not None)
+        return ids
+
+    monkeypatch.setattr(logits_processor, "module_linear_argmax", counting)
+    sched = make_scheduler(model_dir)
+    prompts = random_prompts([5, 17, 30], seed=11)
+    reqs = [submit(sched, f"g{i}", p, 5) for i, p in enumerate(prompts)]
+    run_to_completion(sched)
+    assert len(fused) >= 4 and all(fused)  # every decode step
+    for req, p in zip(reqs, prompts):
+        assert req.output_ids == hf_greedy(hf_model, p, 5), req.rid
+
+    def other(rid, return_logprob=False, **sampling):
+        params = SamplingParams(max_new_tokens=5, ignore_eos=True, **sampling)
+        params.normalize(None)
+        return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=prompts[1],
+                                                           sampling_params=params, return_logprob=return_logprob))
+
+    for extra in (dict(temperature=0.0, return_logprob=True), dict(temperature=0.8, sampling_seed=3),
+                  dict(temperature=0.0, logit_bias={"7": 1.0})):
+        fused.clear()
+        greedy = submit(sched, "g", prompts[0], 5)
+        odd = other("odd", **extra)
+        run_to_completion(sched)
+        assert not fused, extra  # the logits were computed for the sampler
+        assert greedy.output_ids == hf_greedy(hf_model, prompts[0], 5)
+        assert len(odd.output_ids) == 5
+        if extra.get("return_logprob"):
+            assert len(odd.output_token_logprobs) == 5
+    assert_no_leak(sched)
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_batch_matches_hf_with_chunked_prefill(model_dir, hf_model, page_size):
     sched = make_scheduler(model_dir, page_size=page_size, chunked_prefill_size=32)

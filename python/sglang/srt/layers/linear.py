@@ -145,6 +145,16 @@ def module_linear(module: nn.Module, x: torch.Tensor, out_dtype: Optional[torch.
                   getattr(module, "int8_weight", None), getattr(module, "onednn_weight", None), out_dtype, round_to_x)
 
 
+def module_linear_argmax(module: nn.Module, x: torch.Tensor, round_to_x: bool = True) -> Optional[torch.Tensor]:
+    """torch.argmax(module_linear(module, x, torch.float32, round_to_x), dim=-1) without the
+    products stored (`sgl_kernel.linear_argmax`: greedy sampling's LM head), where `linear` would
+    multiply x by the module's panels; None otherwise (the caller computes the logits)."""
+    if not _takes_panels(x, getattr(module, "packed_weight", None), getattr(module, "int8_weight", None),
+                         getattr(module, "onednn_weight", None)):
+        return None
+    return torch.ops.sgl_kernel.linear_argmax(x, module.packed_weight, getattr(module, "bias", None), round_to_x)
+
+
 def panels_take(packed_weight: Optional[torch.Tensor], onednn_weight: Optional[torch.Tensor],
                 dtype: torch.dtype, rows: int) -> bool:
     """Whether `linear` multiplies `rows` rows of `dtype` by this weight's panels (before the

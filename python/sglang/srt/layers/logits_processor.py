@@ -6,6 +6,10 @@ when `forward_batch.return_full_logits` is set (prompt logprobs, parity tests); 
 LM head runs on B rows only. Logits are returned in fp32 whatever the model dtype: the LM head's
 result in the model dtype, widened (sgl-kernel's panels store it so in one pass), or with
 `fp32_lm_head` (--enable-fp32-lm-head, set by the model runner) its fp32 sums, unrounded.
+
+A decode batch marked `forward_batch.argmax_only` gets `next_token_ids` instead (the argmax of
+those logits, taken in the LM head's own pass where its weights are in sgl-kernel panels:
+`linear.module_linear_argmax`) and no logits; elsewhere it gets the logits as usual.
 """
 
 from __future__ import annotations
@@ -16,18 +20,20 @@ from typing import Optional
 import torch
 from torch import nn
 
-from sglang.srt.layers.linear import module_linear
+from sglang.srt.layers.linear import module_linear, module_linear_argmax
 
 
 @dataclass
 class LogitsProcessorOutput:
-    next_token_logits: torch.Tensor  # [B, V] fp32
+    next_token_logits: Optional[torch.Tensor]  # [B, V] fp32 (None when next_token_ids is set)
     full_logits: Optional[torch.Tensor] = None  # [num_tokens, V] fp32, when requested
     # Final-norm hidden states of the last new token of each request [B, H].
     hidden_states: Optional[torch.Tensor] = None
     # Final-norm hidden states of every new token [num_tokens, H], when
     # `forward_batch.return_all_hidden` is set (mean / CLS pooling of embedding servers).
     all_hidden_states: Optional[torch.Tensor] = None
+    # [B] int64: argmax of each row's logits, computed instead of them (forward_batch.argmax_only)
+    next_token_ids: Optional[torch.Tensor] = None
 
 
 def last_token_indices(forward_batch) -> torch.Tensor:
@@ -65,6 +71,11 @@ class LogitsProcessor(nn.Module):
             full = self._compute(hidden_states, lm_head)
             return LogitsProcessorOutput(next_token_logits=full.index_select(0, idx), full_logits=full,
                                          hidden_states=last_hidden, all_hidden_states=all_hidden)
+        if getattr(forward_batch, "argmax_only", False) and forward_batch.forward_mode.is_decode() \
+                and self.logit_scale is None and not self.final_logit_softcapping:
+            ids = module_linear_argmax(lm_head, last_hidden, round_to_x=not self.fp32_lm_head)
+            if ids is not None:
+                return LogitsProcessorOutput(next_token_logits=None, hidden_states=last_hidden, next_token_ids=ids)
         logits = self._compute(last_hidden, lm_head)
         full = logits if getattr(forward_batch, "return_full_logits", False) else None
         return LogitsProcessorOutput(next_token_logits=logits, full_logits=full, hidden_states=last_hidden,

@@ -400,8 +400,14 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             return
         forward_batch = batch.prepare_for_decode()
         assert forward_batch is not None, "decode memory was checked"
+        info = self._sampling_info(batch.reqs)
+        forward_batch.argmax_only = (info.is_all_greedy and not info.modifies_logits
+                                     and not any(r.return_logprob for r in batch.reqs))
         logits_output = self._forward(forward_batch)
-        next_ids, samp = self._sample(batch.reqs, logits_output.next_token_logits)
+        if logits_output.next_token_ids is not None:  # the LM head took the argmax itself
+            next_ids, samp = logits_output.next_token_ids.tolist(), None
+        else:
+            next_ids, samp = self._sample(batch.reqs, logits_output.next_token_logits, info)
         for j, req in enumerate(batch.reqs):
             self._accept_token(req, int(next_ids[j]), samp, j)
             req.check_finished()
@@ -456,11 +462,11 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         return False
 
     # --- sampling ------------------------------------------------------------------------------
-    def _sample(self, reqs: List[Req], logits: torch.Tensor):
+    def _sampling_info(self, reqs: List[Req]):
+        """The batch's SamplingBatchInfo, with the grammar masks (each grammar advanced by its
+        request's last token: once per step) and custom logit processors attached."""
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
-        if not reqs:
-            return [], None
         info = SamplingBatchInfo.from_reqs(reqs, self.model_config.vocab_size, self.device)
         if self.grammar_manager is not None:
             info.vocab_mask = self.grammar_manager.vocab_mask_for(reqs)
@@ -469,6 +475,12 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
             from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors
 
             info.apply_custom_logit_processors = lambda logits: apply_custom_logit_processors(logits, reqs)
+        return info
+
+    def _sample(self, reqs: List[Req], logits: torch.Tensor, info=None):
+        if not reqs:
+            return [], None
+        info = info or self._sampling_info(reqs)
         want = any(r.return_logprob for r in reqs)
         token_ids = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
         out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],

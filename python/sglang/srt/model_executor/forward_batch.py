@@ -43,6 +43,10 @@ class ForwardBatch:
     # prompt logprobs and logits-parity tests use it.
     return_full_logits: bool = False
     return_all_hidden: bool = False  # every new token's final hidden state (embedding pooling)
+    # DECODE: the scheduler samples every request as the argmax of its raw logits (all greedy; no
+    # logprobs, penalties, bias, grammar or logit processors), so the LM head may return the
+    # token ids instead of the logits (LogitsProcessorOutput.next_token_ids).
+    argmax_only: bool = False
     # Filled by the model runner.
     req_to_token_pool: Any = None
     token_to_kv_pool: Any = None
