@@ -33,9 +33,26 @@ void check_norm_weight(const at::Tensor& w, int64_t H, const at::Tensor& x, cons
                 "sgl_kernel.decode_layer: ", what, " must be a dense [", H, "] tensor of hidden's dtype");
 }
 
-}  // namespace
+// The tensors a layer writes besides its results, [B, ...] of hidden's dtype: kept by
+// decode_layers across its layers (one allocation each per step instead of one per layer).
+struct LayerScratch {
+    at::Tensor h, qkv_out, q_rot, attn, act, o_out, res_mid;
+    bool fits(int64_t B, int64_t H, int64_t qkv_n, int64_t q_n, int64_t I) const {
+        return h.defined() && h.size(0) == B && h.size(1) == H && qkv_out.size(1) == qkv_n && q_rot.size(1) == q_n &&
+               act.size(1) == I;
+    }
+    void make(const at::TensorOptions& opt, int64_t B, int64_t H, int64_t qkv_n, int64_t q_n, int64_t I) {
+        h = at::empty({B, H}, opt), qkv_out = at::empty({B, qkv_n}, opt), q_rot = at::empty({B, q_n}, opt);
+        attn = at::empty({B, q_n}, opt), act = at::empty({B, I}, opt), o_out = at::empty({B, H}, opt);
+        res_mid = at::empty({B, H}, opt);
+    }
+};
 
-std::tuple<at::Tensor, at::Tensor> decode_layer(
+// One layer (decode_layer's arguments). `scratch`: reused when its shapes fit, else (re)made.
+// `into`: where the results go (hidden's shape, dense; the inputs are read before they are
+// written, so they may be the inputs themselves), or undefined for new tensors.
+std::tuple<at::Tensor, at::Tensor> decode_layer_impl(
+    LayerScratch& scratch, const at::Tensor& into_out, const at::Tensor& into_res,
     const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& input_norm,
     const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_scale,
     const c10::optional<at::Tensor>& qkv_bias, const at::Tensor& o_w, const c10::optional<at::Tensor>& o_scale,
@@ -110,12 +127,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     }
 
     const at::TensorOptions opt = hidden.options();
-    at::Tensor out = at::empty({B, H}, opt);
-    at::Tensor res_out = residual.has_value() && residual->defined() ? at::empty({B, H}, opt) : hidden;
-    if (B == 0) return {out, res_out};
-    at::Tensor h = at::empty({B, H}, opt), qkv_out = at::empty({B, qkv_n}, opt);
-    at::Tensor q_rot = at::empty({B, hq * d}, opt), attn = at::empty({B, hq * d}, opt);
-    at::Tensor act = at::empty({B, I}, opt);
+    at::Tensor out = into_out.defined() ? into_out : at::empty({B, H}, opt);
+    at::Tensor r_out = into_res.defined() ? into_res : at::empty({B, H}, opt);
+    if (B == 0) return {out, residual.has_value() && residual->defined() ? r_out : hidden};
+    if (!scratch.fits(B, H, qkv_n, hq * d, I)) scratch.make(opt, B, H, qkv_n, hq * d, I);
+    const at::Tensor &h = scratch.h, &qkv_out = scratch.qkv_out, &q_rot = scratch.q_rot, &attn = scratch.attn;
+    const at::Tensor &act = scratch.act, &o_out = scratch.o_out;
+    // the residual stream after the input norm's add (the first layer's: hidden itself)
+    const at::Tensor res_out = residual.has_value() && residual->defined() ? scratch.res_mid : hidden;
     const size_t esz = hidden.element_size();
     auto row = [&](const at::Tensor& t, int64_t r, int64_t col) {  // &t[r, col] of a dense 2-D tensor
         return static_cast<char*>(t.data_ptr()) + (r * t.size(1) + col) * esz;
@@ -164,20 +183,39 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
                       req_to_token.stride(0), rp, lp, nullptr, B, hq, hk, d, d, hq * d, 0, 0, window,
                       static_cast<float>(scale), static_cast<float>(logit_cap), dt};
     run_decode_attention(aa, longest);
-    at::Tensor o_out = at::empty({B, H}, opt);
     linear_into(o, attn.data_ptr(), B, dt, o_out.data_ptr());
     // 4. post-attention norm with the residual add, MLP
     {
-        at::Tensor r_in = residual.has_value() && residual->defined() ? res_out : hidden;
-        at::Tensor r_out = at::empty({B, H}, opt);
-        NormArgs a{o_out.data_ptr(), r_in.data_ptr(), post_norm.data_ptr(), h.data_ptr(), r_out.data_ptr(), H, H, H,
+        NormArgs a{o_out.data_ptr(), res_out.data_ptr(), post_norm.data_ptr(), h.data_ptr(), r_out.data_ptr(), H, H, H,
                    static_cast<float>(eps), dt};
         run_rmsnorm(a, B);
-        res_out = r_out;
     }
     run_linear_silu_mul(gate_up, h.data_ptr(), dt, B, H, act.data_ptr());
     linear_into(down, act.data_ptr(), B, dt, out.data_ptr());
-    return {out, res_out};
+    return {out, r_out};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& input_norm,
+    const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_scale,
+    const c10::optional<at::Tensor>& qkv_bias, const at::Tensor& o_w, const c10::optional<at::Tensor>& o_scale,
+    const c10::optional<at::Tensor>& o_bias, const at::Tensor& gate_up_w,
+    const c10::optional<at::Tensor>& gate_up_scale, const c10::optional<at::Tensor>& gate_up_bias,
+    const at::Tensor& down_w, const c10::optional<at::Tensor>& down_scale,
+    const c10::optional<at::Tensor>& down_bias, const c10::optional<at::Tensor>& q_norm,
+    const c10::optional<at::Tensor>& k_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+    const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
+    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, double scale, int64_t window,
+    double logit_cap) {
+    LayerScratch scratch;
+    return decode_layer_impl(scratch, at::Tensor(), at::Tensor(), hidden, residual, input_norm, post_norm, eps, qkv_w,
+                             qkv_scale, qkv_bias, o_w, o_scale, o_bias, gate_up_w, gate_up_scale, gate_up_bias, down_w,
+                             down_scale, down_bias, q_norm, k_norm, num_heads, num_kv_heads, head_dim, positions, cos,
+                             sin, k_cache, v_cache, out_cache_loc, req_to_token, req_pool_indices, seq_lens, scale,
+                             window, logit_cap);
 }
 
 // torch.ops.sgl_kernel.decode_layers: decode_layer for every layer of a model in one call (layer
@@ -203,10 +241,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
                      v_cache.size(), scale.size(), window.size(), logit_cap.size()})
         TORCH_CHECK(n == L, "sgl_kernel.decode_layers: every per-layer list needs ", L, " entries, one has ", n);
     TORCH_CHECK(L > 0, "sgl_kernel.decode_layers: no layers");
+    // Layer i > 0 writes its results over its inputs (layer i - 1's results, read before they are
+    // written); layer 0 into new tensors (hidden is the caller's).
+    LayerScratch scratch;
     std::tuple<at::Tensor, at::Tensor> hr{hidden, at::Tensor()};
     for (size_t i = 0; i < L; ++i) {
-        const at::Tensor& r = std::get<1>(hr);
-        hr = decode_layer(std::get<0>(hr), i == 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(r),
+        const at::Tensor r = std::get<1>(hr), x = std::get<0>(hr);
+        hr = decode_layer_impl(scratch, i == 0 ? at::Tensor() : x, i == 0 ? at::Tensor() : r,
+                          x, i == 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(r),
                           input_norm[i], post_norm[i], eps[i], qkv_w[i], qkv_scale.get(i), qkv_bias.get(i), o_w[i],
                           o_scale.get(i), o_bias.get(i), gate_up_w[i], gate_up_scale.get(i), gate_up_bias.get(i),
                           down_w[i], down_scale.get(i), down_bias.get(i), q_norm.get(i), k_norm.get(i), num_heads,
