@@ -36,6 +36,7 @@ from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
+from sglang.srt.utils.host_memory import return_freed_memory
 from sglang.srt.model_loader.loader import get_model, load_hf_config, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class ModelRunner:
             if moved:
                 logger.info(f"{moved / 2**20:.0f} MiB of packed weights in transparent huge pages")
         gc.collect()
+        if self.device == "cpu":
+            return_freed_memory()  # the weights' packed temporaries and moved copies
         after = available_memory_bytes(self.device)
         logger.info(
             f"Load weight end. type={type(self.model).__name__}, dtype={self.dtype}, "

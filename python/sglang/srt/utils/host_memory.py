@@ -44,6 +44,13 @@ def keep_freed_memory() -> str:
             f"trim threshold {TRIM_THRESHOLD >> 20} MB; {ENV}=0 to turn off)")
 
 
+def return_freed_memory() -> None:
+    """Gives the heap's free pages back to the kernel (glibc malloc_trim; elsewhere nothing): after
+    loading, where the weights' packing freed copies as large as the model."""
+    if platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 # ---- transparent huge pages for the tensors every step streams ---------------------------------
 # A decode step reads every weight once (268 MB for SmolLM2-135M in bf16) and each request's KV
 # rows. In 4 KB pages that is a TLB miss and a page walk every 64 cache lines, and the CPU's
