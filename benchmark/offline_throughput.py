@@ -6,9 +6,10 @@ neighbour hits all of them alike. The engines not running are frozen (SIGSTOP) m
 engine may spin (upstream SGLang's CPU scheduler loop takes a full core while idle). Prompts are fixed-seed random token ids (a new seed per
 repetition, the same for every engine, so that no prefix cache helps); decoding is greedy with
 EOS ignored, so every engine produces exactly batch x output tokens. Before a workload's
-repetitions every engine runs one unmeasured prefill of the workload's batch shape, so that no
-repetition pays an engine's first-call costs for that shape (activation memory faulted in, per-shape
-caches; before 2026-12-07 the first repetition's TTFT did, ~200 ms of ours at 64 x 32).
+repetitions every engine runs one unmeasured call of the workload's batch shape (a prefill and one
+decode step), so that no repetition pays an engine's first-call costs for that shape (activation
+memory faulted in, per-shape caches; before 2026-12-07 the first repetition's TTFT did, ~200 ms of
+ours at 64 x 32).
 
 Peers (skipped with a clear line when not installed; see peers/setup_peers.sh):
   ours_torch       this engine with SGLANG_DISABLE_SGL_KERNEL=1 (torch ops instead of sgl-kernel)
@@ -116,11 +117,12 @@ def run_config(model: str, dtype: str, workloads: List[dict], peers: List[str], 
     results: Dict[tuple, Dict[str, List[float]]] = {}
     bar = progress(len(workloads) * args.reps * len(workers), f"{model}:{dtype}")
     for wl in workloads:
-        # Each engine's first prefill of a new batch shape pays one-time costs (activation memory
-        # faulted in, per-shape caches); one unmeasured prefill of the workload's shape first.
+        # Each engine's first prefill and decode step of a new batch shape pay one-time costs
+        # (activation memory faulted in, per-shape caches): one unmeasured call of the workload's
+        # shape with 2 output tokens first (its seeds apart from the measured ones).
         for w in workers:
             w.resume()
-            w.run(synthetic_prompts(wl["batch"], wl["input_len"], vocab, seed=77 + wl["batch"]), 1)
+            w.run(synthetic_prompts(wl["batch"], wl["input_len"], vocab, seed=10**6 + wl["batch"]), 2)
             w.pause()
         for rep in range(args.reps):
             prompts = synthetic_prompts(wl["batch"], wl["input_len"], vocab, seed=1000 * rep + wl["batch"])

@@ -253,6 +253,17 @@ def test_linear_argmax_is_the_argmax_of_the_stored_logits(isa, M, N, K, dtype):
             got = ops.linear_argmax(xs, packed, bias, round_to_x)
             assert got.dtype == torch.int64 and got.shape == (M,)
             assert torch.equal(got, torch.argmax(logits, dim=-1)), (bias, round_to_x)
+    # ties at each row's maximum: equal weight rows in one lane of two panels and in another lane
+    # (another thread's range for N = 320), the rows' x positive so that those columns win
+    tied = [c for c in (3, 35, N - 1) if c < N]
+    w2 = (torch.rand(N, K, generator=g) * 0.01).to(dtype)
+    w2[tied] = 1.0
+    x2 = x.abs() + 0.1
+    want = torch.full((M,), 3, dtype=torch.int64)
+    packed2 = ops.pack_linear_weight(w2)
+    for round_to_x in (True, False):
+        assert torch.equal(torch.argmax(ops.linear(x2, packed2, None, None, torch.float32, round_to_x), -1), want)
+        assert torch.equal(ops.linear_argmax(x2, packed2, None, round_to_x), want)
     w3 = torch.zeros(N, K).to(dtype)  # every logit equal: column 0
     assert torch.equal(ops.linear_argmax(x, ops.pack_linear_weight(w3), None), torch.zeros(M, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="panel weights"):

@@ -247,7 +247,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
     std::tuple<at::Tensor, at::Tensor> hr{hidden, at::Tensor()};
     for (size_t i = 0; i < L; ++i) {
         const at::Tensor r = std::get<1>(hr), x = std::get<0>(hr);
-        hr = decode_layer_impl(scratch, i == 0 ? at::Tensor() : x, i == 0 ? at::Tensor() : r,
+        const bool in_place = i > 0 && x.size(0) > 0;  // (no rows: layer 0 returns hidden itself)
+        hr = decode_layer_impl(scratch, in_place ? x : at::Tensor(), in_place ? r : at::Tensor(),
                           x, i == 0 ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(r),
                           input_norm[i], post_norm[i], eps[i], qkv_w[i], qkv_scale.get(i), qkv_bias.get(i), o_w[i],
                           o_scale.get(i), o_bias.get(i), gate_up_w[i], gate_up_scale.get(i), gate_up_bias.get(i),

@@ -217,7 +217,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& w, const c10::op
     if (M == 0) return out;
     const auto& kt = kernels();
     const int64_t lanes = kt.vector_lanes();
-    // panel ranges in column order, at least two panels each (as run_linear splits them)
+    // one range of panels per thread, in column order, two panels at least
     const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), panels / 2));
     at::Tensor best = at::full({chunks, M, lanes}, -std::numeric_limits<float>::infinity(),
                                x.options().dtype(at::kFloat));
@@ -246,6 +246,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& w, const c10::op
                 const int64_t e = (c * M + m) * lanes + lane, i = bi[e];
                 const float v = bv[e];
                 if (i < 0) continue;  // a lane that saw only -inf (or nothing)
+                // kernels_impl.h's argmax_better (that one lives in each ISA's namespace)
                 const bool vn = v != v, an = value != value;
                 const bool better = at < 0 || (vn || an ? vn && (!an || i < at) : v > value || (v == value && i < at));
                 if (better) {

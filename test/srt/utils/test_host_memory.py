@@ -71,53 +71,91 @@ def _smaps_field(address: int, field: str) -> int:
     raise AssertionError(f"no {field} for {address:#x}")
 
 
-def test_into_huge_pages_copies_side_by_side_in_an_advised_mapping(monkeypatch):
+def test_huge_page_views_lie_side_by_side_in_an_advised_mapping(monkeypatch):
     import torch
 
-    from sglang.srt.utils.host_memory import HUGE_PAGE, THP_ENV, huge_pages_wanted, into_huge_pages
+    from sglang.srt.utils.host_memory import HUGE_PAGE, THP_ENV, huge_page_views, huge_pages_wanted
 
     monkeypatch.delenv(THP_ENV, raising=False)
     if not huge_pages_wanted():
         pytest.skip("no transparent huge pages on this kernel (or THP is off)")
-    g = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(300, 577, generator=g), torch.randn(3, 5, generator=g).bfloat16(),
-               torch.randint(-127, 128, (4096, 33), generator=g, dtype=torch.int8)]
-    moved = into_huge_pages(tensors)
-    assert moved[0].data_ptr() % HUGE_PAGE == 0
-    for src, dst in zip(tensors, moved):
-        assert dst.dtype == src.dtype and dst.shape == src.shape and dst.is_contiguous()
-        assert torch.equal(src, dst) and dst.data_ptr() != src.data_ptr() and dst.data_ptr() % 64 == 0
-    assert moved[1].data_ptr() == moved[0].data_ptr() + (300 * 577 * 4 + 63) // 64 * 64  # side by side
-    moved[0].zero_()
-    assert tensors[0].abs().sum() > 0  # copies, not views of the originals
-    # the kernel took the advice for the mapping (actual huge pages depend on free memory)
-    assert _smaps_field(moved[0].data_ptr(), "THPeligible") == 1
+    layout = [((300, 577), torch.float32), ((3, 5), torch.bfloat16), ((4096, 33), torch.int8)]
+    views = huge_page_views(layout)
+    assert views[0].data_ptr() % HUGE_PAGE == 0
+    for (shape, dtype), view in zip(layout, views):
+        assert view.dtype == dtype and tuple(view.shape) == shape and view.is_contiguous()
+        assert view.data_ptr() % 64 == 0 and not view.any()  # an anonymous mapping starts zeroed
+    assert views[1].data_ptr() == views[0].data_ptr() + (300 * 577 * 4 + 63) // 64 * 64  # side by side
+    assert views[2].data_ptr() == views[1].data_ptr() + 64
+    views[1].fill_(1.0)
+    assert not views[0].any() and not views[2].any()  # no overlap
+    # the kernel took the advice for the mapping (actual huge pages depend on free memory); under THP
+    # "always" every mapping is eligible, so only "madvise" shows the advice itself
+    assert _smaps_field(views[0].data_ptr(), "THPeligible") == 1
     monkeypatch.setenv(THP_ENV, "0")
-    assert not huge_pages_wanted()
-    kept = into_huge_pages(tensors)
-    assert all(a is b for a, b in zip(kept, tensors))
+    assert not huge_pages_wanted() and huge_page_views(layout) is None
 
 
-def test_weights_into_huge_pages_keeps_what_the_linears_compute(monkeypatch):
+def _linears(dtype):
+    import torch
+
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    layers = torch.nn.ModuleList([ReplicatedLinear(96, 64), ReplicatedLinear(64, 128)]).to(dtype)
+    for m in layers:
+        m.weight.data.normal_(0, 0.1)
+    return layers
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["panels", "int8"])
+def test_weights_into_huge_pages_keeps_what_the_linears_compute(monkeypatch, int8):
+    import torch
+
+    from sglang.srt.layers import cpu_ops, quantization
+    from sglang.srt.layers.linear import is_panel_weight, module_linear, pack_linear_weights
+    from sglang.srt.layers.linear import weights_into_huge_pages
+    from sglang.srt.utils import host_memory
+
+    monkeypatch.delenv(host_memory.THP_ENV, raising=False)
+    if not (host_memory.huge_pages_wanted() and cpu_ops.linear_panels_enabled(torch.bfloat16)):
+        pytest.skip(f"needs THP and bf16 panels: {cpu_ops.describe()}")
+    layers = _linears(torch.bfloat16)
+    if int8:
+        quantization.quantize_linear_weights_int8(layers)
+    pack_linear_weights(layers)
+    x = torch.randn(3 if int8 else 5, 96).bfloat16()  # int8: few rows, the int8 kernel's
+    before = module_linear(layers[1], module_linear(layers[0], x))
+    old = [m.int8_weight if int8 else m.packed_weight for m in layers]
+    moved = [t[0] if int8 else t for t in old]
+    assert weights_into_huge_pages(layers) == sum(t.numel() * t.element_size() for t in moved) + (
+        sum(m.packed_weight.numel() * m.packed_weight.element_size() for m in layers) if int8 else 0)
+    for m, t in zip(layers, old):
+        assert is_panel_weight(m.packed_weight)
+        if int8:
+            assert m.int8_weight[0] is not t[0] and torch.equal(m.int8_weight[0], t[0])
+            assert m.int8_weight[1] is t[1]  # the scales stay
+        else:
+            assert m.packed_weight is not t and torch.equal(m.packed_weight, t)
+    assert torch.equal(module_linear(layers[1], module_linear(layers[0], x)), before)
+    monkeypatch.setenv(host_memory.THP_ENV, "0")
+    assert weights_into_huge_pages(layers) == 0
+
+
+def test_weights_stay_where_they_are_when_no_mapping_is_given(monkeypatch):
+    """A refused mapping (or THP "never"): nothing moves and nothing is reported as moved."""
     import torch
 
     from sglang.srt.layers import cpu_ops
-    from sglang.srt.layers.linear import ReplicatedLinear, is_panel_weight, module_linear, pack_linear_weights
-    from sglang.srt.layers.linear import weights_into_huge_pages
-    from sglang.srt.utils.host_memory import THP_ENV, huge_pages_wanted
+    from sglang.srt.layers.linear import pack_linear_weights, weights_into_huge_pages
+    from sglang.srt.utils import host_memory
 
-    monkeypatch.delenv(THP_ENV, raising=False)
-    if not (huge_pages_wanted() and cpu_ops.linear_panels_enabled(torch.bfloat16)):
-        pytest.skip(f"needs THP and bf16 panels: {cpu_ops.describe()}")
-    layers = torch.nn.ModuleList([ReplicatedLinear(96, 64), ReplicatedLinear(64, 128)]).to(torch.bfloat16)
-    for m in layers:
-        m.weight.data.normal_(0, 0.1)
+    if not cpu_ops.linear_panels_enabled(torch.bfloat16):
+        pytest.skip(f"needs bf16 panels: {cpu_ops.describe()}")
+    layers = _linears(torch.bfloat16)
     pack_linear_weights(layers)
-    x = torch.randn(5, 96).bfloat16()
-    before = module_linear(layers[1], module_linear(layers[0], x))
     old = [m.packed_weight for m in layers]
-    assert weights_into_huge_pages(layers) == sum(t.numel() * t.element_size() for t in old)
-    assert all(is_panel_weight(m.packed_weight) and m.packed_weight is not t for m, t in zip(layers, old))
-    assert torch.equal(module_linear(layers[1], module_linear(layers[0], x)), before)
-    monkeypatch.setenv(THP_ENV, "0")
+    monkeypatch.delenv(host_memory.THP_ENV, raising=False)
+    monkeypatch.setattr(host_memory, "transparent_huge_pages", lambda: "madvise")
+    monkeypatch.setattr(host_memory, "huge_page_buffer", lambda nbytes: None)
     assert weights_into_huge_pages(layers) == 0
+    assert all(m.packed_weight is t for m, t in zip(layers, old))

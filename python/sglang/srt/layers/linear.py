@@ -252,9 +252,10 @@ def pack_linear_weights(model: nn.Module, max_bytes: Optional[int] = None) -> in
 
 def weights_into_huge_pages(model: nn.Module) -> int:
     """Moves the weights decode streams every step (panel-packed weights and int8 weights) into
-    one mapping of transparent huge pages (utils/host_memory.py `into_huge_pages`); returns the
-    bytes moved, 0 where huge pages are off or unavailable."""
-    from sglang.srt.utils.host_memory import huge_pages_wanted, into_huge_pages
+    one mapping of transparent huge pages (utils/host_memory.py `huge_page_views`), one weight at a
+    time, so that each old copy is freed before the next is made; returns the bytes moved, 0 where
+    huge pages are off or unavailable."""
+    from sglang.srt.utils.host_memory import huge_page_views, huge_pages_wanted
 
     if not huge_pages_wanted():
         return 0
@@ -264,13 +265,17 @@ def weights_into_huge_pages(model: nn.Module) -> int:
             slots.append((module, "packed_weight", None))
         if getattr(module, "int8_weight", None) is not None:
             slots.append((module, "int8_weight", 0))
-    tensors = [getattr(m, attr) if i is None else getattr(m, attr)[i] for m, attr, i in slots]
-    moved = into_huge_pages(tensors)
-    if moved is tensors or not slots:
+
+    def current(module, attr, i):
+        return getattr(module, attr) if i is None else getattr(module, attr)[i]
+
+    views = huge_page_views([(current(*slot).shape, current(*slot).dtype) for slot in slots]) if slots else None
+    if views is None:
         return 0
-    for (module, attr, i), t in zip(slots, moved):
-        setattr(module, attr, t if i is None else (t, *getattr(module, attr)[1:]))
-    return sum(t.numel() * t.element_size() for t in moved)
+    for (module, attr, i), view in zip(slots, views):
+        view.copy_(current(module, attr, i))
+        setattr(module, attr, view if i is None else (view, *getattr(module, attr)[1:]))
+    return sum(v.numel() * v.element_size() for v in views)
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:

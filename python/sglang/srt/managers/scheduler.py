@@ -480,7 +480,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def _sample(self, reqs: List[Req], logits: torch.Tensor, info=None):
         if not reqs:
             return [], None
-        info = info or self._sampling_info(reqs)
+        if info is None:
+            info = self._sampling_info(reqs)
         want = any(r.return_logprob for r in reqs)
         token_ids = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
         out = self.sampler.forward(logits, info, want, [r.top_logprobs_num if r.return_logprob else 0 for r in reqs],

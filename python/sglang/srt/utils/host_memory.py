@@ -51,10 +51,10 @@ def return_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-# ---- transparent huge pages for the tensors every step streams ---------------------------------
-# A decode step reads every weight once (268 MB for SmolLM2-135M in bf16) and each request's KV
-# rows. In 4 KB pages that is a TLB miss and a page walk every 64 cache lines, and the CPU's
-# stream prefetchers stop at every 4 KB boundary; in 2 MB pages neither happens. Linux gives a
+# ---- transparent huge pages for the weights every step streams ---------------------------------
+# A decode step reads every weight once (268 MB for SmolLM2-135M in bf16). In 4 KB pages that is a
+# TLB miss and a page walk every 64 cache lines, and the CPU's stream prefetchers stop at every 4 KB
+# boundary; in 2 MB pages neither happens. Linux gives a
 # process huge pages where it asks for them (madvise) in THP's default "madvise" mode, and
 # everywhere in "always" mode; weights packed into such a mapping made a batch-1 sweep over the
 # default model's linears ~20% faster on the dev machine.
@@ -102,20 +102,20 @@ def huge_page_buffer(nbytes: int):
     return whole[start:start + nbytes]
 
 
-def into_huge_pages(tensors):
-    """Copies of dense `tensors` side by side in one `huge_page_buffer` (each on a 64-byte
-    boundary), in order; the tensors themselves (not copied) when there is no such buffer."""
-    tensors = list(tensors)
+def huge_page_views(layout):
+    """Zero tensors of the (shape, dtype) pairs in `layout`, side by side (each on a 64-byte
+    boundary) in one `huge_page_buffer`, in order; None when there is no such buffer."""
+    import torch
+
     offsets, total = [], 0
-    for t in tensors:
+    for shape, dtype in layout:
         offsets.append(total)
-        total += (t.numel() * t.element_size() + 63) // 64 * 64
+        total += (torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() + 63) // 64 * 64
     buf = huge_page_buffer(total)
     if buf is None:
-        return tensors
-    out = []
-    for t, off in zip(tensors, offsets):
-        view = buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        out.append(view)
-    return out
+        return None
+    views = []
+    for (shape, dtype), off in zip(layout, offsets):
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        views.append(buf[off:off + nbytes].view(dtype).view(shape))
+    return views
