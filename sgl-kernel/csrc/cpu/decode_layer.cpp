@@ -195,28 +195,19 @@ std::tuple<at::Tensor, at::Tensor> decode_layer_impl(
     return {out, r_out};
 }
 
-}  // namespace
+// torch.ops.sgl_kernel.decode_layer: decode_layer_impl with scratch of its own and new result
+// tensors (the op's signature is the impl's without those three parameters).
+template <typename Impl> struct OwnScratch;
+template <typename R, typename... A>
+struct OwnScratch<R (*)(LayerScratch&, const at::Tensor&, const at::Tensor&, A...)> {
+    static R op(A... args) {
+        LayerScratch scratch;
+        return decode_layer_impl(scratch, at::Tensor(), at::Tensor(), args...);
+    }
+};
+constexpr auto decode_layer = &OwnScratch<decltype(&decode_layer_impl)>::op;
 
-std::tuple<at::Tensor, at::Tensor> decode_layer(
-    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& input_norm,
-    const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_scale,
-    const c10::optional<at::Tensor>& qkv_bias, const at::Tensor& o_w, const c10::optional<at::Tensor>& o_scale,
-    const c10::optional<at::Tensor>& o_bias, const at::Tensor& gate_up_w,
-    const c10::optional<at::Tensor>& gate_up_scale, const c10::optional<at::Tensor>& gate_up_bias,
-    const at::Tensor& down_w, const c10::optional<at::Tensor>& down_scale,
-    const c10::optional<at::Tensor>& down_bias, const c10::optional<at::Tensor>& q_norm,
-    const c10::optional<at::Tensor>& k_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-    const at::Tensor& v_cache, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
-    const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, double scale, int64_t window,
-    double logit_cap) {
-    LayerScratch scratch;
-    return decode_layer_impl(scratch, at::Tensor(), at::Tensor(), hidden, residual, input_norm, post_norm, eps, qkv_w,
-                             qkv_scale, qkv_bias, o_w, o_scale, o_bias, gate_up_w, gate_up_scale, gate_up_bias, down_w,
-                             down_scale, down_bias, q_norm, k_norm, num_heads, num_kv_heads, head_dim, positions, cos,
-                             sin, k_cache, v_cache, out_cache_loc, req_to_token, req_pool_indices, seq_lens, scale,
-                             window, logit_cap);
-}
+}  // namespace
 
 // torch.ops.sgl_kernel.decode_layers: decode_layer for every layer of a model in one call (layer
 // i's tensors and scalars at index i of each list), so that a decode step calls the op once
@@ -279,6 +270,6 @@ TORCH_LIBRARY_FRAGMENT(sgl_kernel, m) {
 }
 
 TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
-    m.impl("decode_layer", &sglk::decode_layer);
+    m.impl("decode_layer", sglk::decode_layer);
     m.impl("decode_layers", &sglk::decode_layers);
 }

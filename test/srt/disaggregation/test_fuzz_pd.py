@@ -17,10 +17,11 @@ import sys
 import pytest
 import requests
 import sgl_kernel
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang.srt.disaggregation.mooncake import same_host
-from sglang.srt.layers import fused_decode
+from sglang.srt.layers import cpu_ops, fused_decode, logits_processor
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
 from sglang.test.pd_utils import find_free_port, launch_decode, launch_prefill, launch_router, stop_server
@@ -144,6 +145,8 @@ def test_fuzz_through_the_real_router(llama):
     _after_run(llama, url(ports["router"]))
     if sgl_kernel.load():  # the decode server's batches ran the fused CPU decoder layer
         assert fused_decode.USED_MESSAGE in llama["decode_log"].read_text()
+    if cpu_ops.linear_panels_enabled(torch.float32):  # and its all-greedy ones the LM head's argmax
+        assert logits_processor.ARGMAX_MESSAGE in llama["decode_log"].read_text()
     assert same_host.COPY_MESSAGE not in llama["prefill_log"].read_text()  # its decode switched it off
 
 

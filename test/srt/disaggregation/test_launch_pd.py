@@ -11,9 +11,11 @@ import warnings
 import psutil
 import pytest
 import requests
+import torch
 
 from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.launch_pd import busy_ports, parse_args, role_flags, router_cmd
+from sglang.srt.layers import cpu_ops, logits_processor
 from sglang.srt.utils.cpu_binding import available_cores, format_cores
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -244,6 +246,9 @@ def test_launch_pd_serves_restarts_a_dead_member_and_stops(tmp_path):
         # once for the decode process
         copies = same_host.copy_permitted()
         assert log_path.read_text(errors="replace").count(same_host.COPY_MESSAGE) == (1 if copies else 0)
+        # the decode server's all-greedy batches took their token ids from the LM head's pass
+        if cpu_ops.linear_panels_enabled(torch.float32):
+            assert logits_processor.ARGMAX_MESSAGE in log_path.read_text(errors="replace")
         # The router runs at warn: its health checks (every 5 s) and requests leave no INFO lines.
         router_info = [ln for ln in log_path.read_text(errors="replace").splitlines() if "smg::" in ln and "INFO" in ln]
         assert not router_info, router_info[:3]

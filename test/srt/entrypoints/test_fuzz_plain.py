@@ -10,8 +10,9 @@ so that prompts near the limit are cheap.
 import pytest
 import requests
 import sgl_kernel
+import torch
 
-from sglang.srt.layers import fused_decode
+from sglang.srt.layers import cpu_ops, fused_decode, logits_processor
 
 from sglang.test.fuzz.cases import FuzzTarget
 from sglang.test.fuzz.runner import assert_pools_restored, run_fuzz
@@ -50,6 +51,8 @@ def test_fuzz_plain_server(server):
     assert_pools_restored([url])
     if sgl_kernel.load():  # the fuzzed decode batches ran the fused CPU decoder layer
         assert fused_decode.USED_MESSAGE in open(server["log"]).read()
+    if cpu_ops.linear_panels_enabled(torch.float32):  # all-greedy batches took their ids from the LM head
+        assert logits_processor.ARGMAX_MESSAGE in open(server["log"]).read()
     r = requests.post(url + "/generate", timeout=60, json={
         "input_ids": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}})
     want, _, _ = hf_greedy_reference(server["model"], PROMPT, 12)

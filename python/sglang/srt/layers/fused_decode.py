@@ -28,9 +28,9 @@ import torch
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, is_swa_pool_layer
 from sglang.srt.layers.linear import panels_take
+from sglang.srt.utils import log_once
 
 logger = logging.getLogger(__name__)
-_said = []  # the first fused call of the process is logged (tests look for it in server logs)
 USED_MESSAGE = "CPU decode: whole decoder layers in sgl_kernel.decode_layer"
 
 
@@ -109,7 +109,7 @@ def decode_layers(layers, positions: torch.Tensor, hidden: torch.Tensor, forward
     out = torch.ops.sgl_kernel.decode_layers(
         hidden, *lists[:17], *shared, positions, rope.cos_cached, rope.sin_cached, *lists[17:19], fb.out_cache_loc,
         fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *lists[19:])
-    _log_first_use()
+    log_once(logger, USED_MESSAGE)
     return out
 
 
@@ -136,12 +136,6 @@ def _build_model_args(layers, pool, rows: int, dtype: torch.dtype) -> Optional[t
     return [list(column) for column in zip(*columns)], heads
 
 
-def _log_first_use() -> None:
-    if not _said:
-        _said.append(True)
-        logger.info(USED_MESSAGE)
-
-
 def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_batch,
                  residual: Optional[torch.Tensor]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     fb = forward_batch
@@ -163,5 +157,5 @@ def decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor, forward_b
     out = torch.ops.sgl_kernel.decode_layer(
         hidden, residual, *head, positions, rope.cos_cached, rope.sin_cached, k_buf, v_buf, fb.out_cache_loc,
         fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, *tail)
-    _log_first_use()
+    log_once(logger, USED_MESSAGE)
     return out

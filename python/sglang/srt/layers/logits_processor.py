@@ -14,6 +14,7 @@ those logits, taken in the LM head's own pass where its weights are in sgl-kerne
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +22,11 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import module_linear, module_linear_argmax
+from sglang.srt.utils import log_once
+
+logger = logging.getLogger(__name__)
+# logged at a process's first such batch (the server tests look for it)
+ARGMAX_MESSAGE = "CPU decode: greedy token ids from the LM head's pass (sgl_kernel.linear_argmax)"
 
 
 @dataclass
@@ -75,6 +81,7 @@ class LogitsProcessor(nn.Module):
                 and self.logit_scale is None and not self.final_logit_softcapping:
             ids = module_linear_argmax(lm_head, last_hidden, round_to_x=not self.fp32_lm_head)
             if ids is not None:
+                log_once(logger, ARGMAX_MESSAGE)
                 return LogitsProcessorOutput(next_token_logits=None, hidden_states=last_hidden, next_token_ids=ids)
         logits = self._compute(last_hidden, lm_head)
         full = logits if getattr(forward_batch, "return_full_logits", False) else None

@@ -12,6 +12,17 @@ import re
 import socket
 from typing import Optional, Tuple
 
+_LOGGED_ONCE = set()
+
+
+def log_once(logger, message: str) -> None:
+    """`logger.info(message)` the first time this process logs `message` this way (first uses of
+    a fast path: the tests look for them in server logs)."""
+    if message not in _LOGGED_ONCE:
+        _LOGGED_ONCE.add(message)
+        logger.info(message)
+
+
 _DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _HUMAN_INT_RE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
