@@ -471,12 +471,17 @@ def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
     (8, 2, 24, 40, [100, 0, 7], [0, 33, 2], -1, 0.0),  # dims not whole vectors, dv != d, empty extend
     (4, 2, 128, 128, [30, 0], [50, 19], 40, 20.0),     # head dim 128 (compiled as a constant), window, cap
     (2, 1, 64, 64, [17], [70], 25, 0.0),               # head dim 64 with a window and a partial last block
+    # longer than the AMX kernel's 512-key chunks (merged online), with and without a window;
+    # head dim 96 (three 32-dim tiles, value dims past one group of four 16-dim tiles)
+    (9, 3, 64, 64, [700, 0], [90, 45], -1, 0.0),
+    (6, 3, 64, 64, [900], [100], 600, 0.0),
+    (4, 2, 96, 96, [300, 530], [70, 20], -1, 0.0),
 ])
 def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap):
     """Each new token is a decode query over its request's slots up to its own position."""
     g = torch.Generator().manual_seed(sum(extend) + hq)
     seq = [p + n for p, n in zip(prefix, extend)]
-    k_cache, v_cache, r2t, rows = _random_pool(g, dtype, hk, d, dv, seq, 600, torch.int64)
+    k_cache, v_cache, r2t, rows = _random_pool(g, dtype, hk, d, dv, seq, max(600, *seq), torch.int64)
     T = sum(extend)
     q = torch.randn(T, hq * d, generator=g).to(dtype)
     got = ops.extend_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(prefix), torch.tensor(extend), None,

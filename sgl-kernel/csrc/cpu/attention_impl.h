@@ -482,6 +482,10 @@ void extend_d(const ExtendAttnArgs& a, int64_t t0, int64_t t1) {  // the head di
     else extend_t<T, 0>(a, t0, t1);
 }
 
+#if SGLK_AMX
+#include "attention_amx_impl.h"
+#endif
+
 }  // namespace
 
 template <typename T>
@@ -510,6 +514,9 @@ void decode_attention_combine(const DecodeAttnArgs& a, int64_t r0, int64_t r1) {
 }
 
 void extend_attention(const ExtendAttnArgs& a, int64_t t0, int64_t t1) {
+#if SGLK_AMX
+    if (amx_extend_takes(a)) return amx_extend(a, t0, t1);
+#endif
     if (a.dtype == DType::F32) extend_d<float>(a, t0, t1);
     else extend_d<bf16_t>(a, t0, t1);
 }

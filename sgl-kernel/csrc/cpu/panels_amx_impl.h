@@ -16,23 +16,6 @@
 // Every output is one k-ordered chain of tdpbf16ps, whatever the rows beside it, so rows do not
 // change each other's results.
 
-struct alignas(64) AmxTileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-// A and C tiles of `rows` rows, B tiles of 16 pair rows; every tile 64 bytes wide.
-inline void amx_configure(int rows) {
-    AmxTileConfig c;
-    for (int t = 0; t < 8; ++t) {
-        c.rows[t] = t >= 6 ? 16 : rows;
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
-}
-
 inline bool amx_takes(const LinearArgs& a) {
     return a.wtype == WType::BF16_PANELS && a.xb != nullptr && a.K % 32 == 0 && a.K > 0;
 }
