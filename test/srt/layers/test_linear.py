@@ -425,3 +425,35 @@ def test_the_panel_crossover_is_measured_on_the_weights_and_kept(monkeypatch, tm
     import json
     (entry,) = json.loads((tmp_path / "rows.json").read_text()).values()
     assert entry["key"]["what"] == PANEL_RULE
+
+
+def test_the_panel_crossover_times_a_gate_up_projection_as_the_model_runs_it(monkeypatch):
+    """Both timed passes compute what MergedColumnParallelLinear.silu_mul computes on their path
+    (the panels' fused linear_silu_mul, oneDNN's GEMM then silu_and_mul); a plain projection is
+    timed as its linear."""
+    from torch import nn
+
+    from sglang.srt.layers import cpu_ops
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, pack_linear_weights
+    from sglang.srt.layers.linear_crossover import _onednn_pass, _panel_pass
+
+    dtype = _panels_with_a_onednn_copy_dtype() if cpu_ops.available() else None
+    if dtype is None:
+        pytest.skip("no panel kernel whose dtype oneDNN multiplies natively on this CPU")
+    g = torch.Generator().manual_seed(11)
+    model = nn.Module()
+    model.gate_up, model.down = MergedColumnParallelLinear(64, [96, 96]), ReplicatedLinear(96, 64)
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g))
+    model.to(dtype)
+    pack_linear_weights(model)
+    assert model.gate_up.onednn_weight is not None
+    x, h = torch.randn(40, 64, generator=g).to(dtype), torch.randn(40, 96, generator=g).to(dtype)
+    want = SiluAndMul()(F.linear(x.float(), model.gate_up.weight.float())).to(dtype)
+    for timed in (_panel_pass, _onednn_pass):
+        got = timed(x, model.gate_up)
+        assert got.shape == (40, 96)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.5)
+        torch.testing.assert_close(timed(h, model.down).float(), F.linear(h.float(), model.down.weight.float()),
+                                   rtol=2e-2, atol=0.5)
