@@ -83,15 +83,32 @@ template <typename U> inline U bf_round_u(U u) {  // f2bf of fp32 bits, any uint
 }
 inline vu bf_round_bits(vf v) { return bf_round_u(reinterpret_cast<vu&>(v)); }  // bf16 bits in the low half
 
+// fp32 -> bf16, round to nearest even. The AVX512-BF16 sets take one vcvtneps2bf16 where the
+// others take ~8 integer instructions (a third of an RMSNorm's or RoPE's work, measured); it
+// differs only where no model value goes: a NaN keeps its sign (bf_round: always 0x7fc0) and an
+// fp32 denormal input (below 1.2e-38) becomes a signed zero.
+#if SGLK_BF16_DOT
+inline vh bf_round_half(vf v) {
+    const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<const __m512&>(v));
+    return reinterpret_cast<const vh&>(h);
+}
+#else
+inline vh bf_round_half(vf v) { return __builtin_convertvector(bf_round_bits(v), vh); }
+#endif
+
 template <typename T> inline void vst(T* p, vf v);
 template <> inline void vst<float>(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
-template <> inline void vst<bf16_t>(bf16_t* p, vf v) {
-    *reinterpret_cast<vh*>(p) = __builtin_convertvector(bf_round_bits(v), vh);
-}
+template <> inline void vst<bf16_t>(bf16_t* p, vf v) { *reinterpret_cast<vh*>(p) = bf_round_half(v); }
 
 template <typename T> inline vf vrnd(vf v) { return v; }
 template <> inline vf vrnd<bf16_t>(vf v) {
+#if SGLK_BF16_DOT  // (GCC widens a vh in halves: four instructions where vpmovzxwd is one)
+    const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<const __m512&>(v));
+    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(h)), 16);
+    vu u = reinterpret_cast<const vu&>(w);
+#else
     vu u = bf_round_bits(v) << 16;
+#endif
     return reinterpret_cast<vf&>(u);
 }
 
@@ -460,6 +477,7 @@ void silu_mul_t(const void* xv, void* ov, int64_t d, int64_t ldx, int64_t r0, in
 }
 
 // ---- rotary embedding (NeoX / HF rotate_half layout) ----------------------------------------------
+// c, s: the token's cos/sin rows already rounded to T (HF multiplies in the model's dtype).
 template <typename T>
 void rope_heads(const T* src, T* dst, int64_t heads, int64_t head, int64_t rd, const float* c, const float* s) {
     const int64_t half = rd / 2;
@@ -469,26 +487,34 @@ void rope_heads(const T* src, T* dst, int64_t heads, int64_t head, int64_t rd, c
         int64_t i = 0;
         for (; i + VL <= half; i += VL) {
             vf x1 = vld<T>(x + i), x2 = vld<T>(x + i + half);
-            vf c1 = vrnd<T>(vld<float>(c + i)), s1 = vrnd<T>(vld<float>(s + i));
-            vf c2 = vrnd<T>(vld<float>(c + i + half)), s2 = vrnd<T>(vld<float>(s + i + half));
+            vf c1 = vld<float>(c + i), s1 = vld<float>(s + i);
+            vf c2 = vld<float>(c + i + half), s2 = vld<float>(s + i + half);
             vst<T>(y + i, vrnd<T>(x1 * c1) + vrnd<T>(-x2 * s1));
             vst<T>(y + i + half, vrnd<T>(x2 * c2) + vrnd<T>(x1 * s2));
         }
         for (; i < half; ++i) {
             float x1 = ld<T>(x, i), x2 = ld<T>(x, i + half);
-            float c1 = rnd<T>(c[i]), s1 = rnd<T>(s[i]), c2 = rnd<T>(c[i + half]), s2 = rnd<T>(s[i + half]);
-            st<T>(y, i, rnd<T>(x1 * c1) + rnd<T>(-x2 * s1));
-            st<T>(y, i + half, rnd<T>(x2 * c2) + rnd<T>(x1 * s2));
+            st<T>(y, i, rnd<T>(x1 * c[i]) + rnd<T>(-x2 * s[i]));
+            st<T>(y, i + half, rnd<T>(x2 * c[i + half]) + rnd<T>(x1 * s[i + half]));
         }
         for (int64_t j = rd; j < head; ++j) y[j] = x[j];  // past rotary_dim: unchanged
     }
 }
 
+constexpr int64_t kMaxRotaryDim = 512;  // ops.cpp checks
+
 template <typename T>
 void rope_t(const RopeArgs& a, int64_t t0, int64_t t1) {
+    alignas(64) float c[kMaxRotaryDim], s[kMaxRotaryDim];  // a token's cos/sin, rounded once for its heads
     for (int64_t t = t0; t < t1; ++t) {
-        const float* c = a.cos + a.positions[t] * a.rotary_dim;
-        const float* s = a.sin + a.positions[t] * a.rotary_dim;
+        const float* ct = a.cos + a.positions[t] * a.rotary_dim;
+        const float* st_ = a.sin + a.positions[t] * a.rotary_dim;
+        int64_t i = 0;
+        for (; i + VL <= a.rotary_dim; i += VL) {
+            vst<float>(c + i, vrnd<T>(vld<float>(ct + i)));
+            vst<float>(s + i, vrnd<T>(vld<float>(st_ + i)));
+        }
+        for (; i < a.rotary_dim; ++i) c[i] = rnd<T>(ct[i]), s[i] = rnd<T>(st_[i]);
         rope_heads<T>(static_cast<const T*>(a.q) + t * a.ldq, static_cast<T*>(a.q_out) + t * a.hq * a.head,
                       a.hq, a.head, a.rotary_dim, c, s);
         rope_heads<T>(static_cast<const T*>(a.k) + t * a.ldk, static_cast<T*>(a.k_out) + t * a.hk * a.head,

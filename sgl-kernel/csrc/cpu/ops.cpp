@@ -237,8 +237,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
                     sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes(),
                 "sgl_kernel.rotary_embedding: cos/sin must be dense fp32 [max_pos, rotary_dim]");
     const int64_t rd = cos.size(1);
-    TORCH_CHECK(rd % 2 == 0 && rd <= head_size && q.size(1) % head_size == 0 && k.size(1) % head_size == 0,
-                "sgl_kernel.rotary_embedding: bad head_size/rotary_dim");
+    TORCH_CHECK(rd % 2 == 0 && rd <= head_size && rd <= 512 && q.size(1) % head_size == 0 && k.size(1) % head_size == 0,
+                "sgl_kernel.rotary_embedding: bad head_size/rotary_dim (rotary_dim up to 512)");
     const int64_t T = q.size(0);
     at::Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
     if (T == 0) return {q_out, k_out};
