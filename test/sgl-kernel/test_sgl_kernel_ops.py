@@ -580,3 +580,25 @@ def test_apply_token_bitmask_matches_xgrammar(rows, width, vocab):
     assert torch.equal(logits, want)
     with pytest.raises(RuntimeError, match="float32"):
         ops.apply_token_bitmask_(logits.to(torch.bfloat16), mask, vocab)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_scatters_rows_like_index_copy(dtype):
+    """k/v rows (strided views of a fused qkv output, int32 or int64 slots) land in their slots,
+    nothing else changes; slots outside the cache are refused."""
+    g = torch.Generator().manual_seed(3)
+    S, H, D, Dv, T = 300, 3, 16, 24, 70
+    k_cache, v_cache = torch.randn(S, H, D, generator=g).to(dtype), torch.randn(S, H, Dv, generator=g).to(dtype)
+    qkv = torch.randn(T, 40 + H * D + H * Dv, generator=g).to(dtype)
+    k, v = qkv[:, 40:40 + H * D], qkv[:, 40 + H * D:]
+    loc = torch.randperm(S, generator=g)[:T]
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k.index_copy_(0, loc, k.reshape(T, H, D))
+    want_v.index_copy_(0, loc, v.reshape(T, H, Dv))
+    ops.store_kv_(k_cache, v_cache, loc.int(), k, v)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    ops.store_kv_(k_cache, v_cache, loc[:0], k[:0], v[:0])  # no tokens: nothing to do
+    with pytest.raises(RuntimeError, match="outside the 300-slot cache"):
+        ops.store_kv_(k_cache, v_cache, torch.tensor([0, S]), k[:2], v[:2])
+    with pytest.raises(RuntimeError, match="one cache row per slot"):
+        ops.store_kv_(k_cache, v_cache, loc[:3], k[:2], v[:2])

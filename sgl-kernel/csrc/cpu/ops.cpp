@@ -253,6 +253,40 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
     return {q_out, k_out};
 }
 
+// k_cache[loc[t]] = k[t], v_cache[loc[t]] = v[t]: T new tokens' rows into the pool's slots (rows of
+// k and v may be strided views, e.g. of a fused qkv projection). index_copy_'s scatter without its
+// per-row iterator: 512 tokens of the default model into both caches 52 -> 9 us.
+void store_kv_(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& loc, const at::Tensor& k,
+               const at::Tensor& v) {
+    const char* op = "sgl_kernel.store_kv_";
+    check_cpu(k_cache, "k_cache");
+    check_cpu(v_cache, "v_cache");
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() >= 2 && v_cache.dim() >= 2 &&
+                    k_cache.size(0) == v_cache.size(0),
+                op, ": caches must be dense [slots, ...] with one slot count");
+    TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(), op,
+                ": k and v must have their cache's dtype");
+    const int64_t S = k_cache.size(0), T = loc.numel();
+    const int64_t kw = S ? k_cache.numel() / S : 0, vw = S ? v_cache.numel() / S : 0;  // elements a slot
+    TORCH_CHECK(k.numel() == T * kw && v.numel() == T * vw, op, ": k and v must hold one cache row per slot in loc");
+    if (T == 0) return;
+    const at::Tensor k2 = k.reshape({T, kw}), v2 = v.reshape({T, vw});
+    TORCH_CHECK(k2.stride(1) == 1 && v2.stride(1) == 1, op, ": k and v need dense rows");
+    const at::Tensor l = loc.to(at::kLong).contiguous();
+    const int64_t* lp = l.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t)
+        TORCH_CHECK(lp[t] >= 0 && lp[t] < S, op, ": slot ", lp[t], " outside the ", S, "-slot cache");
+    const int64_t ek = k2.element_size(), ev = v2.element_size();
+    char *kc = static_cast<char*>(k_cache.data_ptr()), *vc = static_cast<char*>(v_cache.data_ptr());
+    const char *ks = static_cast<const char*>(k2.data_ptr()), *vs = static_cast<const char*>(v2.data_ptr());
+    at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            std::memcpy(kc + lp[t] * kw * ek, ks + t * k2.stride(0) * ek, kw * ek);
+            std::memcpy(vc + lp[t] * vw * ev, vs + t * v2.stride(0) * ev, vw * ev);
+        }
+    });
+}
+
 namespace {
 // What the paged attention ops check alike: q [rows, hq * d] of fp32/bf16 with dense rows, dense
 // [slots, kv_heads, dim] caches of q's dtype, head dims 1-512, hq a multiple of the kv heads, and
@@ -466,6 +500,7 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("extend_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, Tensor rows, "
           "Tensor prefix_lens, Tensor extend_lens, Tensor? slot_map, float scale, int window, float logit_cap) -> Tensor");
     m.def("argmax(Tensor x) -> Tensor");
+    m.def("store_kv_(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, Tensor k, Tensor v) -> ()");
     m.def("apply_token_bitmask_(Tensor(a!) logits, Tensor bitmask, int vocab_size) -> ()");
 }
 
@@ -481,5 +516,6 @@ TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("decode_attention", &sglk::decode_attention);
     m.impl("extend_attention", &sglk::extend_attention);
     m.impl("argmax", &sglk::argmax);
+    m.impl("store_kv_", &sglk::store_kv_);
     m.impl("apply_token_bitmask_", &sglk::apply_token_bitmask_);
 }
