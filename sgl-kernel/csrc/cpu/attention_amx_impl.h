@@ -261,52 +261,72 @@ inline vf vexp2_neg(vf t) {
 inline vf chunk_softmax(const ExtendAttnArgs& a, ExtendScratch& sc, const ExtendUnit& u, vf& mx, vf& sum) {
     float* s = sc.s[u.sb];
     const vf pos = vld<float>(u.pos);
-    const float min_pos = u.pos[0], max_pos = u.pos[VL - 1];
-    const float hide_below = a.window > 0 ? max_pos - static_cast<float>(a.window) : -1.0f;
-    const bool capped = a.logit_cap > 0;
-    auto slow = [&](int64_t j) {
-        const float kp = static_cast<float>(u.c0 + j);
-        return capped || kp > min_pos || kp < static_cast<float>(u.lo) || kp <= hide_below;
-    };
-    vf m0 = mx, m1 = mx;  // two chains of max (a dependent max per key is latency-bound)
-    for (int64_t j = 0; j < u.nk; ++j) {
+    const float max_pos = u.pos[VL - 1];
+    // Keys [fast0, fast1) of the chunk are visible to every lane: at or after the item's first key
+    // (lo) and after the last lane's window start, at or before the first lane's position.
+    int64_t fast0 = u.lo - u.c0, fast1 = static_cast<int64_t>(u.pos[0]) + 1 - u.c0;
+    if (a.window > 0) fast0 = imax_(fast0, static_cast<int64_t>(max_pos) - a.window + 1 - u.c0);
+    if (a.logit_cap > 0) fast0 = fast1 = 0;
+    fast0 = imin_(imax_(fast0, 0), u.nk);
+    fast1 = imax_(imin_(fast1, u.nk), fast0);
+    auto masked = [&](int64_t j) {  // key j scaled, capped and masked, stored for the exp pass
         vf x = vld<float>(s + j * 16) * a.scale;
-        if (slow(j)) {
-            if (capped)
-                for (int l = 0; l < VL; ++l) x[l] = a.logit_cap * __builtin_tanhf(x[l] / a.logit_cap);
-            const float kp = static_cast<float>(u.c0 + j);
-            vi hidden = kp > pos;
-            if (a.window > 0) hidden |= kp <= pos - static_cast<float>(a.window);
-            x = hidden ? splat(-__builtin_inff()) : x;
-            vst<float>(s + j * 16, x);
-        }
-        if (j % 2 == 0) m0 = x > m0 ? x : m0;
-        else m1 = x > m1 ? x : m1;
+        if (a.logit_cap > 0)
+            for (int l = 0; l < VL; ++l) x[l] = a.logit_cap * __builtin_tanhf(x[l] / a.logit_cap);
+        const float kp = static_cast<float>(u.c0 + j);
+        vi hidden = kp > pos;
+        if (a.window > 0) hidden |= kp <= pos - static_cast<float>(a.window);
+        x = hidden ? splat(-__builtin_inff()) : x;
+        vst<float>(s + j * 16, x);
+        return x;
+    };
+    vf bm = mx;
+    for (int64_t j = 0; j < fast0; ++j) {
+        const vf x = masked(j);
+        bm = x > bm ? x : bm;
     }
-    const vf bm = m1 > m0 ? m1 : m0;
+    if (fast1 > fast0) {  // raw scores, two chains of max (one dependent max per key is latency-bound)
+        vf m0 = splat(-__builtin_inff()), m1 = m0;
+        int64_t j = fast0;
+        for (; j + 1 < fast1; j += 2) {
+            const vf x0 = vld<float>(s + j * 16), x1 = vld<float>(s + (j + 1) * 16);
+            m0 = x0 > m0 ? x0 : m0;
+            m1 = x1 > m1 ? x1 : m1;
+        }
+        if (j < fast1) {
+            const vf x = vld<float>(s + j * 16);
+            m1 = x > m1 ? x : m1;
+        }
+        const vf fm = (m1 > m0 ? m1 : m0) * a.scale;  // scale > 0: the scaled maximum, exactly
+        bm = fm > bm ? fm : bm;
+    }
+    for (int64_t j = fast1; j < u.nk; ++j) {
+        const vf x = masked(j);
+        bm = x > bm ? x : bm;
+    }
     const vi none = bm == -__builtin_inff();
     const vf base = none ? vf{} : bm;
     const vf alpha = mx == -__builtin_inff() ? vf{} : vexp(mx - base);
     constexpr float kLog2e = 1.44269504088896341f;
     const float fast_mul = a.scale * kLog2e;
     const vf base2 = base * kLog2e;
-    auto weight = [&](int64_t j) -> vf {
-        const vf x = vld<float>(s + j * 16);
-        if (!slow(j)) return vexp2_neg(x * fast_mul - base2);
+    auto weight = [&](int64_t k) -> vf {
+        const vf x = vld<float>(s + k * 16);
+        if (k >= fast0 && k < fast1) return vexp2_neg(x * fast_mul - base2);
         return x == -__builtin_inff() ? vf{} : vexp2_neg(x * kLog2e - base2);
     };
     const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     vf ps0{}, ps1{};
-    for (int64_t j = 0; j < u.nblk * kKeyBlock; j += 2) {  // P^T pair row j / 2: (P[j][l], P[j + 1][l])
-        const vf p0 = j < u.nk ? weight(j) : vf{};
-        const vf p1 = j + 1 < u.nk ? weight(j + 1) : vf{};
+    for (int64_t k = 0; k < u.nblk * kKeyBlock; k += 2) {  // P^T pair row k / 2: (P[k][l], P[k + 1][l])
+        const vf p0 = k < u.nk ? weight(k) : vf{};
+        const vf p1 = k + 1 < u.nk ? weight(k + 1) : vf{};
         ps0 += p0;
         ps1 += p1;
         // 32 bf16 (p0 then p1), interleaved: element 2l = p0[l], 2l + 1 = p1[l]
         const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(reinterpret_cast<const __m512&>(p1),
                                                           reinterpret_cast<const __m512&>(p0));
-        _mm512_store_si512(sc.pt + j / 2 * 16, _mm512_permutexvar_epi16(pair_index, both));
+        _mm512_store_si512(sc.pt + k / 2 * 16, _mm512_permutexvar_epi16(pair_index, both));
     }
     sum = sum * alpha + (ps0 + ps1);
     mx = bm;
