@@ -476,6 +476,8 @@ def test_decode_attention_value_dim_differs_from_key_dim(isa, lens):
     (9, 3, 64, 64, [700, 0], [90, 45], -1, 0.0),
     (6, 3, 64, 64, [900], [100], 600, 0.0),
     (4, 2, 96, 96, [300, 530], [70, 20], -1, 0.0),
+    # a window narrower than a work item's tokens (16 lanes = 5-6 tokens at 3 heads a group), d != dv
+    (6, 2, 64, 32, [40, 0], [70, 33], 3, 0.0),
 ])
 def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap):
     """Each new token is a decode query over its request's slots up to its own position."""
@@ -493,18 +495,19 @@ def test_extend_attention(isa, dtype, hq, hk, d, dv, prefix, extend, window, cap
     _close(got, want, dtype, **(dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else {}))
 
 
-def test_extend_attention_through_a_slot_map_and_int32_rows(isa):
-    S, hk, d = 256, 2, 16
-    k_cache, v_cache = torch.randn(S, hk, d), torch.randn(S, hk, d)
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 16), (torch.bfloat16, 64)])  # bf16 64: the AMX kernel's
+def test_extend_attention_through_a_slot_map_and_int32_rows(isa, dtype, d):
+    S, hk = 256, 2
+    k_cache, v_cache = torch.randn(S, hk, d).to(dtype), torch.randn(S, hk, d).to(dtype)
     slot_map = torch.randperm(S)
     r2t = torch.arange(200, dtype=torch.int32).view(2, 100)
-    q = torch.randn(30, 4 * d)
+    q = torch.randn(30, 4 * d).to(dtype)
     prefix, extend = torch.tensor([50, 10]), torch.tensor([25, 5])
     got = ops.extend_attention(q, k_cache, v_cache, r2t, torch.tensor([1, 0]), prefix, extend, slot_map, 0.25, 12, 0.0)
     tok_rows = torch.tensor([1] * 25 + [0] * 5)
     tok_lens = torch.cat([torch.arange(51, 76), torch.arange(11, 16)])
     want = _ref_decode(q, k_cache, v_cache, r2t, tok_rows, tok_lens, slot_map, 0.25, 12, 0.0)
-    _close(got, want, torch.float32, atol=1e-5, rtol=1e-5)
+    _close(got, want, dtype, **(dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else {}))
 
 
 def test_extend_attention_refuses_bad_lengths(isa):
@@ -602,3 +605,8 @@ def test_store_kv_scatters_rows_like_index_copy(dtype):
         ops.store_kv_(k_cache, v_cache, torch.tensor([0, S]), k[:2], v[:2])
     with pytest.raises(RuntimeError, match="one cache row per slot"):
         ops.store_kv_(k_cache, v_cache, loc[:3], k[:2], v[:2])
+    with pytest.raises(RuntimeError, match="outside the 300-slot cache"):
+        ops.store_kv_(k_cache, v_cache, torch.tensor([-1]), k[:1], v[:1])
+    with pytest.raises(RuntimeError, match="int64 or int32"):
+        ops.store_kv_(k_cache, v_cache, loc[:2].float(), k[:2], v[:2])
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # refused calls wrote nothing

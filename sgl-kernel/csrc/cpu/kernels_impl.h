@@ -86,7 +86,7 @@ inline vu bf_round_bits(vf v) { return bf_round_u(reinterpret_cast<vu&>(v)); }  
 // fp32 -> bf16, round to nearest even. The AVX512-BF16 sets take one vcvtneps2bf16 where the
 // others take ~8 integer instructions (a third of an RMSNorm's or RoPE's work, measured); it
 // differs only where no model value goes: a NaN keeps its sign (bf_round: always 0x7fc0) and an
-// fp32 denormal input (below 1.2e-38) becomes a signed zero.
+// fp32 denormal input (below 1.2e-38) becomes a signed zero. Scalar tails (f2bf) keep bf_round.
 #if SGLK_BF16_DOT
 inline vh bf_round_half(vf v) {
     const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<const __m512&>(v));

@@ -254,13 +254,17 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& positions,
 }
 
 // k_cache[loc[t]] = k[t], v_cache[loc[t]] = v[t]: T new tokens' rows into the pool's slots (rows of
-// k and v may be strided views, e.g. of a fused qkv projection). index_copy_'s scatter without its
+// k and v may be strided views, e.g. of a fused qkv projection; slots distinct, as the pool's are). index_copy_'s scatter without its
 // per-row iterator: 512 tokens of the default model into both caches 52 -> 9 us.
 void store_kv_(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& loc, const at::Tensor& k,
                const at::Tensor& v) {
     const char* op = "sgl_kernel.store_kv_";
     check_cpu(k_cache, "k_cache");
     check_cpu(v_cache, "v_cache");
+    check_cpu(k, "k");
+    check_cpu(v, "v");
+    check_cpu(loc, "loc");
+    TORCH_CHECK(loc.scalar_type() == at::kLong || loc.scalar_type() == at::kInt, op, ": loc must be int64 or int32");
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() >= 2 && v_cache.dim() >= 2 &&
                     k_cache.size(0) == v_cache.size(0),
                 op, ": caches must be dense [slots, ...] with one slot count");

@@ -106,7 +106,8 @@ class MHATokenToKVPool:
         if cache_k.dtype != self.dtype:
             cache_k = cache_k.to(self.dtype)
             cache_v = cache_v.to(self.dtype)
-        if cpu_ops.enabled(cache_k):  # one compiled scatter of both (5x faster than index_copy_ at 512 tokens)
+        if cpu_ops.enabled(cache_k) and cache_k.stride(-1) == 1 and cache_v.stride(-1) == 1:
+            # one compiled scatter of both (5x faster than index_copy_ at 512 tokens)
             torch.ops.sgl_kernel.store_kv_(self.k_buffer[i], self.v_buffer[i], loc, cache_k, cache_v)
             return
         # index_copy_ rather than `buf[loc] = ...`: the same scatter, 1.5-2x faster on CPU.
