@@ -269,7 +269,7 @@ def weights_into_huge_pages(model: nn.Module) -> int:
     def current(module, attr, i):
         return getattr(module, attr) if i is None else getattr(module, attr)[i]
 
-    views = huge_page_views([(current(*slot).shape, current(*slot).dtype) for slot in slots]) if slots else None
+    views = huge_page_views([(t.shape, t.dtype) for t in (current(*slot) for slot in slots)]) if slots else None
     if views is None:
         return 0
     for (module, attr, i), view in zip(slots, views):

@@ -107,15 +107,13 @@ def huge_page_views(layout):
     boundary) in one `huge_page_buffer`, in order; None when there is no such buffer."""
     import torch
 
+    sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for shape, dtype in layout]
     offsets, total = [], 0
-    for shape, dtype in layout:
+    for nbytes in sizes:
         offsets.append(total)
-        total += (torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() + 63) // 64 * 64
+        total += (nbytes + 63) // 64 * 64
     buf = huge_page_buffer(total)
     if buf is None:
         return None
-    views = []
-    for (shape, dtype), off in zip(layout, offsets):
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        views.append(buf[off:off + nbytes].view(dtype).view(shape))
-    return views
+    return [buf[off:off + nbytes].view(dtype).view(shape)
+            for (shape, dtype), off, nbytes in zip(layout, offsets, sizes)]
