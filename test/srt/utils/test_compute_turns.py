@@ -150,3 +150,33 @@ def test_take_says_whether_it_waited(tmp_path):
     assert a.take() is False
     a.close()
     b.close()
+
+
+def test_wait_while_busy_waits_for_the_holder_and_takes_nothing(tmp_path):
+    """A scheduler whose work waits on the other one (a decode server waiting for KV) sleeps while
+    the other holds the turn instead of polling, and holds no turn afterwards."""
+    path = str(tmp_path / "turns")
+    turns = ComputeTurns(path)
+    assert turns.wait_while_busy() is False  # nobody holds it: returns at once
+    assert not turns.held
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from sglang.srt.utils.compute_turns import ComputeTurns\n"
+                               "t = ComputeTurns(sys.argv[1]); t.take(); print('held', flush=True)\n"
+                               "time.sleep(1.5); t.give_back(); print('given', flush=True); time.sleep(600)", path],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        assert turns.wait_while_busy() is True
+        assert time.monotonic() - t0 > 1.0  # slept until the holder gave its turn back
+        assert holder.stdout.readline().strip() == "given"
+        assert not turns.held and turns.turns_taken == 0
+        other = ComputeTurns(path)  # the turn is free: a third scheduler takes it without waiting
+        assert other.take() is False
+        other.close()
+        turns.take()
+        assert turns.wait_while_busy() is False  # its own turn: never waits on itself
+    finally:
+        holder.kill()
+        holder.wait()
+        turns.close()

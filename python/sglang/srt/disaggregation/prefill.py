@@ -20,6 +20,7 @@ fails the request when it is polled, as without it.
 from __future__ import annotations
 
 import logging
+import time
 from typing import List, Optional
 
 from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT, FINISH_LENGTH
@@ -29,6 +30,9 @@ from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
 
+# The longest a prefill server keeps the shared cores for its KV copies to land (end_of_turn); a
+# same-host copy of a few hundred tokens takes a few ms.
+END_OF_TURN_WAIT_S = 0.05
 ABORTED_BY_DECODE = "Aborted by the decode server (its client went away or aborted the request)."
 
 
@@ -57,6 +61,7 @@ class PrefillRole(ServerRole):
         self.optimistic = config.optimistic_prefill_attempts > 0
         self.bootstrap_queue: List[Req] = []
         self.inflight_queue: List[Req] = []  # KV on the wire, or prefilled and waiting for the decode's slots
+        self.sent_this_turn: List[Req] = []  # last chunks sent by this step (see end_of_turn)
         # KV transfers (for /metrics): counts, bytes, and the last one's latency and speed.
         self.transfer_stats = {"num_kv_transfers": 0, "num_kv_transfer_failures": 0, "kv_transfer_bytes": 0,
                                "kv_transfer_latency_ms": 0.0, "kv_transfer_speed_gb_s": 0.0}
@@ -119,6 +124,7 @@ class PrefillRole(ServerRole):
         self.kv_manager.close()
 
     def process(self) -> None:
+        self.sent_this_turn = []
         self._pop_bootstrapped()
         self._process_inflight()
 
@@ -176,8 +182,21 @@ class PrefillRole(ServerRole):
         )
         if self._destination_known(req):
             self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+            self.sent_this_turn.append(req)
         self.inflight_queue.append(req)  # else sent from there when the decode's slots arrive
         return True
+
+    def end_of_turn(self) -> None:
+        """On cores shared with the decode server: the KV copies of this step's prompts land before
+        the decode server's turn, so that its next batch decodes them (they would otherwise wait a
+        whole decode step, and the copies would run beside its forward)."""
+        sent, self.sent_this_turn = self.sent_this_turn, []
+        deadline = time.monotonic() + END_OF_TURN_WAIT_S
+        while any(r.kv_sender is not None and r.kv_sender.poll() not in (KVPoll.Success, KVPoll.Failed) for r in sent):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.0002)
+        self._process_inflight()
 
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
         slots = self.s.memory.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]

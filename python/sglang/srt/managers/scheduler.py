@@ -147,6 +147,8 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
                 self.run_extend(*batch)
             elif self.running_reqs:
                 self.run_decode()
+            if self.turns.held:
+                self.role.end_of_turn()
         finally:
             self.turns.give_back()  # taken by this step, if it had a batch to form
         self.in_flight = []

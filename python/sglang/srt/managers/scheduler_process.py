@@ -113,7 +113,8 @@ class SchedulerLoop:
         a moment (`IDLE_STEP_WAIT_MS`) when the last step ran no forward, i.e. the work there is
         waits on something outside (a KV transfer, a bootstrap, a grammar): spinning on it would
         take a core from whoever computes (the other PD server on shared cores, the transfer
-        threads); none right after a forward."""
+        threads; on shared cores it first waits for the other's batch to end, `run_once`); none
+        right after a forward."""
         s = self.scheduler
         if not s.has_work():
             return 1000
@@ -122,6 +123,8 @@ class SchedulerLoop:
     def run_once(self) -> None:
         s = self.scheduler
         wait_ms = self._wait_ms()
+        if wait_ms == self.IDLE_STEP_WAIT_MS and s.turns.wait_while_busy():
+            wait_ms = 0  # the other scheduler's batch ended: what this one waits on may be here
         self.forward_ct_seen = s.forward_ct
         for msg in self.recv_requests(wait_ms):
             self.handle(msg)

@@ -112,6 +112,11 @@ class ServerRole:
     def may_prefill(self) -> bool:
         return True
 
+    def end_of_turn(self) -> None:
+        """Called after the step's batch while this scheduler still holds the cores it shares with
+        another (`sglang.srt.utils.compute_turns`): what the other one's next batch needs from this
+        step finishes here. Nothing here."""
+
     def after_prefill(self, req: Req) -> bool:
         """True: the role took the request over (it does not join the running batch)."""
         return False

@@ -75,6 +75,19 @@ class ComputeTurns:
         self.turns_taken += 1
         return waited
 
+    def wait_while_busy(self) -> bool:
+        """Blocks while another scheduler holds the turn, without taking one; True if it waited.
+        A scheduler whose work waits on the other one (a decode server on KV that the prefill's
+        batch makes, a prefill server on the decode's slots) waits here instead of polling every
+        millisecond: a poll that wakes during the other's batch takes a core from its OpenMP team,
+        and each of the team's barriers then waits for it (measured: PD prefill forwards 15-20%
+        slower than a plain server's, same prompts, while the decode polled)."""
+        if self.fd is None or self.held:
+            return False
+        waited = _lock(self.fd)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return waited
+
     def give_back(self) -> None:
         if self.held:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
