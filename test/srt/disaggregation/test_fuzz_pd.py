@@ -1,7 +1,8 @@
 """The request fuzzer against PD deployments (issue 13): 1P1D over Mooncake TCP behind the real
 sglang-router, behind the in-tree mini_lb (same servers), and hybrid pairs (Qwen3-Next, the
 Mamba2 hybrid NemotronH) whose KV and state go by the same-host copy (the default on one machine;
-the llama pair's decode switches it off, so Mooncake's data path is served end to end too).
+the llama pair's decode switches it off, so Mooncake's data path is served end to end too). The llama
+pair shares its cores by turns, as launch_pd's servers do on one machine (`SGLANG_CPU_TURNS_FILE`).
 
 After each run: every valid request got a 200 of the right shape, every invalid one a 4xx, no
 5xx; prefill, decode and router are healthy; every pool of both servers (KV tokens, request
@@ -40,13 +41,14 @@ def url(port):
     return f"http://127.0.0.1:{port}"
 
 
-def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extra=(), decode_env=None):
+def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extra=(), decode_env=None,
+            prefill_env=None):
     procs = []
     ports = {k: find_free_port() for k in ("prefill", "boot", "decode", "router", "lb")}
     try:
         procs += start_side_by_side(
             lambda: launch_prefill(model, ports["prefill"], ports["boot"], [*COMMON, *prefill_extra],
-                                   log_path=str(logs / f"{name}_p.log")),
+                                   log_path=str(logs / f"{name}_p.log"), env=prefill_env),
             lambda: launch_decode(model, ports["decode"], [*COMMON, *decode_extra], log_path=str(logs / f"{name}_d.log"),
                                   env=decode_env))
         procs.append(launch_router([(ports["prefill"], ports["boot"])], [ports["decode"]], ports["router"],
@@ -68,8 +70,9 @@ def _deploy(model, logs, name, decode_extra=(), with_mini_lb=False, prefill_extr
 def llama(tmp_path_factory):
     model = make_tiny_model(str(tmp_path_factory.mktemp("pd_fuzz_llama")), "llama", seed=17)
     logs = tmp_path_factory.mktemp("logs")
-    ports, procs = _deploy(model, logs, "llama", with_mini_lb=True,
-                           decode_env={**os.environ, "SGLANG_DISAGGREGATION_SAME_HOST_COPY": "0"})
+    turns = {**os.environ, "SGLANG_CPU_TURNS_FILE": str(logs / "turns")}
+    ports, procs = _deploy(model, logs, "llama", with_mini_lb=True, prefill_env=turns,
+                           decode_env={**turns, "SGLANG_DISAGGREGATION_SAME_HOST_COPY": "0"})
     yield {"ports": ports, "model": model, "decode_log": logs / "llama_d.log", "prefill_log": logs / "llama_p.log"}
     for p in reversed(procs):
         stop_server(p)
@@ -148,6 +151,8 @@ def test_fuzz_through_the_real_router(llama):
     if cpu_ops.linear_panels_enabled(torch.float32):  # and its all-greedy ones the LM head's argmax
         assert logits_processor.ARGMAX_MESSAGE in llama["decode_log"].read_text()
     assert same_host.COPY_MESSAGE not in llama["prefill_log"].read_text()  # its decode switched it off
+    for log in (llama["prefill_log"], llama["decode_log"]):  # the two schedulers took turns on one file
+        assert "compute turns: shared with every scheduler on" in log.read_text(), log
 
 
 def test_fuzz_through_the_in_tree_mini_lb(llama):

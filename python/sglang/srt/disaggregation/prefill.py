@@ -61,7 +61,6 @@ class PrefillRole(ServerRole):
         self.optimistic = config.optimistic_prefill_attempts > 0
         self.bootstrap_queue: List[Req] = []
         self.inflight_queue: List[Req] = []  # KV on the wire, or prefilled and waiting for the decode's slots
-        self.sent_this_turn: List[Req] = []  # last chunks sent by this step (see end_of_turn)
         # KV transfers (for /metrics): counts, bytes, and the last one's latency and speed.
         self.transfer_stats = {"num_kv_transfers": 0, "num_kv_transfer_failures": 0, "kv_transfer_bytes": 0,
                                "kv_transfer_latency_ms": 0.0, "kv_transfer_speed_gb_s": 0.0}
@@ -124,7 +123,6 @@ class PrefillRole(ServerRole):
         self.kv_manager.close()
 
     def process(self) -> None:
-        self.sent_this_turn = []
         self._pop_bootstrapped()
         self._process_inflight()
 
@@ -182,19 +180,17 @@ class PrefillRole(ServerRole):
         )
         if self._destination_known(req):
             self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
-            self.sent_this_turn.append(req)
         self.inflight_queue.append(req)  # else sent from there when the decode's slots arrive
         return True
 
     def end_of_turn(self) -> None:
-        """On cores shared with the decode server: the KV copies of this step's prompts land before
-        the decode server's turn, so that its next batch decodes them (they would otherwise wait a
-        whole decode step, and the copies would run beside its forward)."""
-        sent, self.sent_this_turn = self.sent_this_turn, []
+        """On cores shared with the decode server: the KV copies in flight (every prompt whose last
+        pages went out) land before the decode server's turn, so that its next batch decodes them
+        (they would otherwise wait a whole decode step, and the copies would run beside its forward)."""
+        sent = [r for r in self.inflight_queue if r.kv_destination_known and r.kv_sender is not None]
         deadline = time.monotonic() + END_OF_TURN_WAIT_S
-        while any(r.kv_sender is not None and r.kv_sender.poll() not in (KVPoll.Success, KVPoll.Failed) for r in sent):
-            if time.monotonic() > deadline:
-                break
+        while time.monotonic() < deadline and any(r.kv_sender.poll() not in (KVPoll.Success, KVPoll.Failed)
+                                                  for r in sent):
             time.sleep(0.0002)
         self._process_inflight()
 
