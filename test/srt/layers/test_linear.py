@@ -245,9 +245,13 @@ def test_the_crossover_is_measured_once_per_machine_and_kept_for_later_processes
     cache.write_text(json.dumps({k: entry for k in json.loads(cache.read_text())}))
     second = _measure_in_a_fresh_process(str(cache))
     assert second == {"rows": entry["rows"]["torch.bfloat16"], "source": f"cached in {cache}"}
-    # other threads: another key, measured and added next to the first
-    other = _measure_in_a_fresh_process(str(cache), threads=2)
-    assert other["source"].startswith("measured"), other
+    # other threads: another key, measured and added next to the first (a measurement taken while
+    # something else held a core is used but not kept, by design: such a moment is measured again)
+    for _ in range(3):
+        other = _measure_in_a_fresh_process(str(cache), threads=2)
+        assert other["source"].startswith("measured"), other
+        if "not kept" not in other["source"]:
+            break
     assert len(json.loads(cache.read_text())) == 2
     # a damaged file is measured again and rewritten; "0" turns the cache off
     cache.write_text("{not json")
