@@ -26,6 +26,7 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from sglang.srt.configs.runtime_config import MemoryConfig
@@ -196,12 +197,20 @@ class MemoryManager:
 
     def _write_rows(self, rows: torch.Tensor, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                     slots: torch.Tensor) -> None:
-        """req_to_token[row, prefix_len:seq_len] = each request's share of `slots`, in one scatter."""
-        starts = torch.tensor(prefix_lens, dtype=torch.int64)
-        counts = torch.tensor(seq_lens, dtype=torch.int64) - starts
-        firsts = torch.cumsum(counts, 0) - counts  # each request's first index into `slots`
-        cols = torch.arange(len(slots)) + torch.repeat_interleave(starts - firsts, counts)
-        self.req_to_token_pool.req_to_token[torch.repeat_interleave(rows, counts), cols] = slots
+        """req_to_token[row, prefix_len:seq_len] = each request's share of `slots`, in one scatter.
+
+        The indices are built with numpy: torch's repeat_interleave runs an OpenMP region even for
+        a decode batch's 16 rows, and between forwards that region waits for a worker thread the
+        HTTP/detokenizer processes hold, ~1 ms a step on 2 cores (benchmark/RESULTS.md)."""
+        starts = np.asarray(prefix_lens, dtype=np.int64)
+        counts = np.asarray(seq_lens, dtype=np.int64) - starts
+        if bool((counts == 1).all()):  # one new token each (decode): no repetition
+            row_idx, cols = rows, torch.from_numpy(starts)
+        else:
+            firsts = np.cumsum(counts) - counts  # each request's first index into `slots`
+            row_idx = torch.from_numpy(np.repeat(rows.numpy(), counts))
+            cols = torch.from_numpy(np.arange(len(slots), dtype=np.int64) + np.repeat(starts - firsts, counts))
+        self.req_to_token_pool.req_to_token[row_idx, cols] = slots
 
     def reserve(self, reqs: Sequence[Any], prefix_lens: Sequence[int], seq_lens: Sequence[int],
                 init_mamba_state: bool = True) -> Optional[torch.Tensor]:
