@@ -345,7 +345,10 @@ inline vf chunk_softmax(const ExtendAttnArgs& a, ExtendScratch& sc, const Extend
 // (request, kv head) while the next still needs its own) and two S^T buffers.
 void amx_extend(const ExtendAttnArgs& a, int64_t task0, int64_t task1) {
     const int64_t G = a.hq / a.hk, dv = a.dv;
-    static thread_local ExtendScratch* scratch = new ExtendScratch;  // ~180 KB + the packs, per thread
+    // ~180 KB + the packs, per thread; freed when the thread ends (a scheduler on shared cores ends
+    // its OpenMP workers after every forward: compute_turns.py)
+    static thread_local std::unique_ptr<ExtendScratch> scratch;
+    if (!scratch) scratch.reset(new ExtendScratch);
     ExtendScratch& sc = *scratch;
     for (KvPack& pk : sc.pack) pk.r = -1;
     amx_configure(16);

@@ -4,6 +4,7 @@
 // that have AMX and once Linux has granted the process the tile state.
 #include "kernels.h"
 #include <immintrin.h>  // before the pragma: the intrinsics carry their own target attributes
+#include <memory>
 #include <vector>
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2,amx-tile,amx-bf16,prefer-vector-width=512")
 
