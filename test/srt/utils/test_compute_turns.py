@@ -180,3 +180,44 @@ def test_wait_while_busy_waits_for_the_holder_and_takes_nothing(tmp_path):
         holder.kill()
         holder.wait()
         turns.close()
+
+
+# Starts torch's OpenMP pool (2 threads) with a parallel op, calls end_of_forward, then prints the
+# process's thread count with the pool, once the call's effect has settled, and after the next op.
+OMP_WORKER = r"""
+import json, os, sys, time
+import torch
+from sglang.srt.utils.compute_turns import ComputeTurns
+torch.set_num_threads(2)
+turns = ComputeTurns(sys.argv[1] or None)
+x = torch.randn(4_000_000)
+threads = lambda: len(os.listdir("/proc/self/task"))
+first = x.exp().sum().item()
+with_pool = threads()
+turns.end_of_forward()
+deadline = time.monotonic() + 3.0
+while threads() >= with_pool and time.monotonic() < deadline:
+    time.sleep(0.01)
+after = threads()
+again = x.exp().sum().item()
+print(json.dumps({"with_pool": with_pool, "after": after, "next_op": threads(), "same": again == first}))
+"""
+
+
+def _omp_threads(path: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", OMP_WORKER, path], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_end_of_forward_ends_the_idle_openmp_workers_on_shared_cores(tmp_path):
+    """With turns, the worker that would spin on after a forward is gone when end_of_forward returns
+    (omp_pause_resource_all); the next parallel op starts it again and computes the same."""
+    got = _omp_threads(str(tmp_path / "turns"))
+    assert got["after"] == got["with_pool"] - 1, got
+    assert got["next_op"] == got["with_pool"] and got["same"], got
+
+
+def test_end_of_forward_without_turns_keeps_the_workers():
+    got = _omp_threads("")
+    assert got["after"] == got["with_pool"] == got["next_op"] and got["same"], got

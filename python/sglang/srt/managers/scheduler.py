@@ -385,6 +385,7 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         try:
             return self.model_runner.forward(forward_batch)
         finally:
+            self.turns.end_of_forward()
             self.forward_started_at = None
             self.forward_ct += 1
 

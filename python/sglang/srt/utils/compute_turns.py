@@ -19,6 +19,9 @@ waited with a new prompt. So a taker first passes a gate (`<path>.gate`), which 
 waits for the turn: the scheduler that just gave the turn back then queues at the gate behind it.
 A dead holder's locks go with its file descriptors, as before.
 
+After each forward a scheduler on shared cores ends its idle OpenMP workers (`end_of_forward`):
+libgomp's would spin ~4 ms on a core the other scheduler or the HTTP processes need.
+
 A scheduler takes its turn before it forms the step's batch, and when it had to wait it looks at its
 queues again (`Scheduler.step`): what arrived while the other one computed (a decode server's KV
 transfers, a prefill server's bootstrapped prompts) joins this batch instead of waiting a whole
@@ -30,6 +33,8 @@ from __future__ import annotations
 import fcntl
 import os
 from typing import Optional
+
+from sglang.srt.utils.cpu_binding import release_openmp_workers
 
 ENV = "SGLANG_CPU_TURNS_FILE"
 
@@ -87,6 +92,14 @@ class ComputeTurns:
         waited = _lock(self.fd)
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         return waited
+
+    def end_of_forward(self) -> None:
+        """After each forward on shared cores: the OpenMP workers, which would spin on for ~4 ms
+        (libgomp), end now, so that the other scheduler's batch and the HTTP, detokenizer and router
+        processes get their core; the next forward starts new ones (benchmark/RESULTS.md: launch_pd
+        +2-3% serving throughput, alternating)."""
+        if self.fd is not None:
+            release_openmp_workers()
 
     def give_back(self) -> None:
         if self.held:

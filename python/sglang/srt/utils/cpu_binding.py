@@ -76,6 +76,40 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
+_OMP_PAUSE = None  # the loaded OpenMP runtime's omp_pause_resource_all; False: none found
+
+
+def release_openmp_workers() -> bool:
+    """Ends this process's idle OpenMP worker threads now (OpenMP 5.0's `omp_pause_resource_all`,
+    soft); the next parallel region starts new ones. libgomp's workers spin ~4 ms after each region
+    before they sleep (its GOMP_SPINCOUNT default), which a forward needs between its ops; after a
+    forward on cores shared by turns that spin takes a core from the other scheduler's batch and
+    from the HTTP, detokenizer and router processes (`compute_turns`). False (and nothing done)
+    where the process has no OpenMP runtime with that call or is inside a parallel region."""
+    global _OMP_PAUSE
+    if _OMP_PAUSE is None:
+        _OMP_PAUSE = _find_omp_pause() or False
+    return bool(_OMP_PAUSE) and _OMP_PAUSE(1) == 0  # 1: omp_pause_soft
+
+
+def _find_omp_pause():
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/lib" in line and ("gomp" in line or "iomp" in line or "libomp" in line)}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).omp_pause_resource_all  # the already loaded copy: same handle
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        return fn
+    return None
+
+
 def cores_overlap(spec_a: str, spec_b: str) -> bool:
     """Whether two processes bound by these specs (one rank's list each, or "all") share a core."""
     def cores(spec: str) -> set:
