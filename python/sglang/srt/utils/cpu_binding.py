@@ -76,7 +76,7 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-_OMP_PAUSE = None  # the loaded OpenMP runtime's omp_pause_resource_all; False: none found
+_OMP_PAUSES = None  # omp_pause_resource_all of every OpenMP runtime loaded (torch's, and any other)
 
 
 def release_openmp_workers() -> bool:
@@ -84,30 +84,32 @@ def release_openmp_workers() -> bool:
     soft); the next parallel region starts new ones. libgomp's workers spin ~4 ms after each region
     before they sleep (its GOMP_SPINCOUNT default), which a forward needs between its ops; after a
     forward on cores shared by turns that spin takes a core from the other scheduler's batch and
-    from the HTTP, detokenizer and router processes (`compute_turns`). False (and nothing done)
-    where the process has no OpenMP runtime with that call or is inside a parallel region."""
-    global _OMP_PAUSE
-    if _OMP_PAUSE is None:
-        _OMP_PAUSE = _find_omp_pause() or False
-    return bool(_OMP_PAUSE) and _OMP_PAUSE(1) == 0  # 1: omp_pause_soft
+    from the HTTP, detokenizer and router processes (`compute_turns`). Every loaded runtime is
+    asked (a runtime without a pool does nothing). False where none has that call or took it (one
+    called inside a parallel region refuses)."""
+    global _OMP_PAUSES
+    if _OMP_PAUSES is None:
+        _OMP_PAUSES = _find_omp_pauses()
+    return any([pause(1) == 0 for pause in _OMP_PAUSES])  # 1: omp_pause_soft; a list: every one is called
 
 
-def _find_omp_pause():
+def _find_omp_pauses() -> list:
     import ctypes
 
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "/lib" in line and ("gomp" in line or "iomp" in line or "libomp" in line)}
     except OSError:
-        return None
+        return []
+    found = []
     for path in sorted(paths):
         try:
             fn = ctypes.CDLL(path).omp_pause_resource_all  # the already loaded copy: same handle
         except (OSError, AttributeError):
             continue
         fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-        return fn
-    return None
+        found.append(fn)
+    return found
 
 
 def cores_overlap(spec_a: str, spec_b: str) -> bool:
