@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from sglang.srt.utils import compute_turns
 from sglang.srt.utils.compute_turns import ENV
 from sglang.test.hf_reference import hf_greedy, load_hf_model
 from sglang.test.scheduler_utils import InProcessPD, random_prompts
@@ -42,6 +43,9 @@ def test_kv_lands_before_the_prefill_gives_its_turn_back(model_dir, tmp_path, mo
         monkeypatch.setenv(ENV, str(tmp_path / "turns"))
     else:
         monkeypatch.delenv(ENV, raising=False)
+    released = []  # each call of the real release_openmp_workers by a scheduler, and what it returned
+    real_release = compute_turns.release_openmp_workers
+    monkeypatch.setattr(compute_turns, "release_openmp_workers", lambda: released.append(real_release()))
     pd = InProcessPD(model_dir, chunked_prefill_size=64)
     try:
         assert pd.prefill.turns.enabled == shared_cores
@@ -62,5 +66,9 @@ def test_kv_lands_before_the_prefill_gives_its_turn_back(model_dir, tmp_path, mo
             time.sleep(0.001)
         assert not pd.decode.has_work()
         assert dreq.output_ids == hf_greedy(load_hf_model(model_dir), prompt, NEW_TOKENS)
+        # on shared cores every forward of either scheduler ended the idle OpenMP workers (their spin
+        # would hold a core the other needs); without shared cores none did
+        forwards = pd.prefill.forward_ct + pd.decode.forward_ct
+        assert released == ([True] * forwards if shared_cores else []), (released, forwards)
     finally:
         pd.close()

@@ -204,12 +204,9 @@ class MemoryManager:
         HTTP/detokenizer processes hold, ~1 ms a step on 2 cores (benchmark/RESULTS.md)."""
         starts = np.asarray(prefix_lens, dtype=np.int64)
         counts = np.asarray(seq_lens, dtype=np.int64) - starts
-        if bool((counts == 1).all()):  # one new token each (decode): no repetition
-            row_idx, cols = rows, torch.from_numpy(starts)
-        else:
-            firsts = np.cumsum(counts) - counts  # each request's first index into `slots`
-            row_idx = torch.from_numpy(np.repeat(rows.numpy(), counts))
-            cols = torch.from_numpy(np.arange(len(slots), dtype=np.int64) + np.repeat(starts - firsts, counts))
+        firsts = np.cumsum(counts) - counts  # each request's first index into `slots`
+        row_idx = torch.from_numpy(np.repeat(rows.numpy(), counts))
+        cols = torch.from_numpy(np.arange(len(slots), dtype=np.int64) + np.repeat(starts - firsts, counts))
         self.req_to_token_pool.req_to_token[row_idx, cols] = slots
 
     def reserve(self, reqs: Sequence[Any], prefix_lens: Sequence[int], seq_lens: Sequence[int],
