@@ -11,7 +11,6 @@ backup (`retraction_backup`).
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, List, Optional, Set
 
@@ -24,9 +23,6 @@ from sglang.srt.core.finish_reason import (
     FINISH_MATCHED_TOKEN,
     BaseFinishReason,
 )
-
-# A stop regex that can match more than this many characters is checked on the whole output.
-STOP_REGEX_FULL_DECODE = 1 << 16
 
 
 class Req:
@@ -100,6 +96,7 @@ class Req:
 
         # Incremental stop-string check state.
         self.tokenizer = None
+        self.stop_regex_matcher: Optional[Any] = None  # StopRegexMatcher, built at the first check
 
         # PD disaggregation (owned by the prefill / decode roles).
         self.bootstrap_room: Optional[int] = None
@@ -212,7 +209,9 @@ class Req:
 
     def _check_str_based_finish(self) -> bool:
         """Stop strings, then stop regexes, on the decoded tail of the output (upstream: the tail
-        long enough for the longest of them; `matched` is the stop string, or the regex pattern)."""
+        long enough for the longest of them; `matched` is the stop string, or the regex pattern).
+        Both are bounded per step: stop strings by their longest one in tokens (whose length is
+        validated), stop regexes by `StopRegexMatcher.window_tokens`."""
         sp = self.sampling_params
         if sp.stop_strs:
             tail = self.tokenizer.decode(self.output_ids[-(sp.stop_str_max_len + 1):])
@@ -221,12 +220,16 @@ class Req:
                     self.finished_reason = FINISH_MATCHED_STR(matched=stop)
                     return True
         if sp.stop_regex_strs:
-            n = len(self.output_ids) if sp.stop_regex_max_len >= STOP_REGEX_FULL_DECODE else sp.stop_regex_max_len + 1
-            tail = self.tokenizer.decode(self.output_ids[-n:])
-            for pattern in sp.stop_regex_strs:
-                if re.search(pattern, tail):
-                    self.finished_reason = FINISH_MATCHED_STR(matched=pattern)
-                    return True
+            # RE2 over a bounded tail (sampling/stop_regex.py): linear in the tail, whatever the
+            # pattern and however long the output; never Python's backtracking `re`.
+            if self.stop_regex_matcher is None:
+                from sglang.srt.sampling.stop_regex import StopRegexMatcher
+
+                self.stop_regex_matcher = StopRegexMatcher(sp.stop_regex_strs)
+            pattern = self.stop_regex_matcher.first_match(self.output_ids, self.tokenizer.decode)
+            if pattern is not None:
+                self.finished_reason = FINISH_MATCHED_STR(matched=pattern)
+                return True
         return False
 
     def meta_info_base(self) -> dict:

@@ -37,7 +37,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     ModelList,
     TokenizeRequest,
 )
-from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
+from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output, health_timeout
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_pooling import add_pooling_routes
@@ -138,10 +138,6 @@ async def _parse_body(request: Request, model):
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
-def _health_timeout() -> float:
-    return float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
-
-
 # =============================================================================================
 # The app
 # =============================================================================================
@@ -183,6 +179,9 @@ def build_app(state: ServerState) -> FastAPI:
             return Response(status_code=503)
         if ctx.dead_reason():
             return Response(status_code=503)
+        stalled = ctx.stall_reason()  # read from shared memory: a stuck scheduler cannot answer
+        if stalled:
+            return Response(content=stalled, status_code=503)
         if request.url.path == "/health" and os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0") != "1":
             return Response(status_code=200)
         ok = await _generate_one_token(state)
@@ -408,7 +407,7 @@ async def _generate_one_token(state: ServerState) -> bool:
 
     task = asyncio.ensure_future(run())
     try:
-        return await asyncio.wait_for(task, _health_timeout())
+        return await asyncio.wait_for(task, health_timeout())
     except Exception as e:  # noqa: BLE001 - any failure is an unhealthy server
         logger.error("Health check failed: %r", e)
         return False

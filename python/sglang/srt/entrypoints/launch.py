@@ -18,6 +18,7 @@ class EngineProcesses:
     processes: List[mp.Process]
     port_args: object
     bootstrap_server: object = None  # PD prefill: where decode servers find this server's KV ranks
+    heartbeat: object = None  # utils/heartbeat.py: the scheduler loop's, in shared memory (read by /health)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -82,15 +83,18 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.server_args import PortArgs
+    from sglang.srt.utils.heartbeat import Heartbeat
 
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
+    heartbeat = Heartbeat(ctx)
     sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
-    scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w, notify_parent), name="sglang::scheduler", daemon=True)
+    scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w, notify_parent, heartbeat),
+                            name="sglang::scheduler", daemon=True)
     scheduler.start()
-    procs = EngineProcesses(None, {}, [scheduler], port_args, bootstrap_server)
+    procs = EngineProcesses(None, {}, [scheduler], port_args, bootstrap_server, heartbeat)
     try:
         # Loaded once here, while the scheduler loads the model; the detokenizer gets a copy.
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args)

@@ -62,6 +62,7 @@ def build_state(server_args, procs) -> ServerState:
         server_args=server_args,
         scheduler_info=dict(procs.scheduler_info),
         engine_alive=procs.alive,
+        scheduler_heartbeat=procs.heartbeat,
         model_sampling_defaults=load_model_sampling_defaults(procs.scheduler_info.get("model_path")),
     )
     state = ServerState(ctx=ctx)

@@ -101,7 +101,6 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
         self.waiting_timeout_s = waiting_timeout_s()
         self.running_timeout_s = running_timeout_s()
         self.in_flight: List[Req] = []  # requests of the batch being built or run (aborted if it fails)
-        self.forward_started_at: Optional[float] = None  # read by the watchdog thread
         self.num_mixed_batches = 0  # prefill batches that carried decode tokens (--enable-mixed-chunk)
         self.init_stats()
 
@@ -186,7 +185,6 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
     def recover_from_step_error(self, exc: BaseException) -> None:
         """A step raised: its batch's requests end with a 500 that says why, their memory is freed
         (never inserted into the radix tree: their KV may be half written), the rest goes on."""
-        self.forward_started_at = None
         message = f"Internal server error while running the batch: {type(exc).__name__}: {exc}"
         victims = [r for r in self.in_flight if not r.finished()]
         self.in_flight = []
@@ -381,12 +379,10 @@ class Scheduler(SchedulerIntakeMixin, SchedulerStatsMixin):
 
     def _forward(self, forward_batch):
         self.turns.take()  # a no-op when the step took it already (given back when the step ends)
-        self.forward_started_at = time.monotonic()
         try:
             return self.model_runner.forward(forward_batch)
         finally:
             self.turns.end_of_forward()
-            self.forward_started_at = None
             self.forward_ct += 1
 
     # --- decode --------------------------------------------------------------------------------

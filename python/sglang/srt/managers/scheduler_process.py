@@ -8,14 +8,23 @@ coming back (`SGLANG_SCHEDULER_MAX_CONSECUTIVE_ERRORS` failed steps in a row, de
 recovery itself cannot handle is fatal: the traceback is logged, the parent process is told with
 SIGQUIT (as upstream), and the process exits non-zero, so the whole server goes down instead of
 staying half alive.
+
+Liveness: every turn of the loop ticks a heartbeat in shared memory (`utils/heartbeat.py`) that
+`/health` reads without going through this process (503 when it is older than
+`SGLANG_HEALTH_CHECK_TIMEOUT`), and that the watchdog reads (`--watchdog-timeout`: one turn, i.e.
+one whole step, running longer takes the server down). Idle, the loop turns at least once a
+second. Test hook: with `SGLANG_TEST_SCHEDULER_STALL_FILE=path` set, the loop sleeps at the start
+of a turn for as long as that file exists (a stuck step, made from outside).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 
+from sglang.srt.utils.heartbeat import Heartbeat
 from sglang.srt.utils.process import notify_parent_and_exit
 from sglang.srt.managers.io_struct import (
     AbortReq,
@@ -38,10 +47,15 @@ def _max_consecutive_errors() -> int:
 class SchedulerLoop:
     IDLE_STEP_WAIT_MS = 1
 
-    def __init__(self, scheduler, port_args):
+    STALL_POLL_S = 0.05
+
+    def __init__(self, scheduler, port_args, heartbeat: Heartbeat = None):
         import zmq
 
         self.scheduler = scheduler
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
+        self.heartbeat.tick()
+        self.stall_file = os.environ.get("SGLANG_TEST_SCHEDULER_STALL_FILE") or None
         self.ctx = zmq.Context(2)
         self.recv_from_tokenizer = self.ctx.socket(zmq.PULL)
         self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
@@ -120,7 +134,15 @@ class SchedulerLoop:
             return 1000
         return self.IDLE_STEP_WAIT_MS if s.forward_ct == self.forward_ct_seen else 0
 
+    def _stall_for_tests(self) -> None:
+        if self.stall_file is None:
+            return
+        while os.path.exists(self.stall_file):
+            time.sleep(self.STALL_POLL_S)
+
     def run_once(self) -> None:
+        self.heartbeat.tick()
+        self._stall_for_tests()
         s = self.scheduler
         wait_ms = self._wait_ms()
         if wait_ms == self.IDLE_STEP_WAIT_MS and s.turns.wait_while_busy():
@@ -151,8 +173,10 @@ class SchedulerLoop:
             self.run_once()
 
 
-def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False) -> None:
-    """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not)."""
+def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False,
+                          heartbeat: Heartbeat = None) -> None:
+    """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not).
+    `heartbeat`: the shared value the launcher reads (a private one when None)."""
     from sglang.srt.utils.process import configure_subprocess
 
     configure_subprocess("scheduler", server_args, torch_threads=0)
@@ -171,7 +195,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
             logger.info(keep_freed_memory())
             if scheduler.turns.enabled:
                 logger.info(scheduler.turns.describe())
-        loop = SchedulerLoop(scheduler, port_args)
+        loop = SchedulerLoop(scheduler, port_args, heartbeat)
         ready_pipe.send(SchedulerReady(info=scheduler.ready_info()))
     except Exception:
         msg = traceback.format_exc()
@@ -180,7 +204,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
         return
     from sglang.srt.managers.watchdog import SchedulerWatchdog
 
-    SchedulerWatchdog.start_for(scheduler, server_args, notify_parent)
+    SchedulerWatchdog.start_for(loop.heartbeat, server_args, notify_parent)
     try:
         loop.run_forever()
     except SystemExit:  # SIGTERM from the parent: a normal shutdown

@@ -1,11 +1,17 @@
-"""(Scheduler process.) `--watchdog-timeout`: a forward that runs longer than this takes the server
-down instead of hanging it.
+"""(Scheduler process.) `--watchdog-timeout`: a scheduler step that runs longer than this takes the
+server down instead of hanging it.
 
-A daemon thread looks at `Scheduler.forward_started_at` (set around every model forward) every
-`min(timeout / 2, 5)` seconds. When one forward has run for more than the timeout it logs
-upstream's line "Scheduler watchdog timeout (self.watchdog_timeout=..., self.soft=False)", dumps
-every thread's stack, and ends the process the way a fatal scheduler error does (SIGQUIT to the
-parent, exit code 1), so that a supervisor restarts a server that no longer makes progress.
+Upstream's watchdog fires when the scheduler's forward count has not moved for the timeout while
+a batch is running; here it watches the scheduler loop's heartbeat (`utils/heartbeat.py`), which
+the loop ticks at the start of every turn, so the whole step counts: taking in requests,
+scheduling, the forward, output processing, grammar work, stop checks. An idle loop turns at
+least once a second (its poll has a timeout), so an idle server never trips it.
+
+A daemon thread looks at the heartbeat every `min(timeout / 2, 5)` seconds. When it is older
+than the timeout it logs upstream's line "Scheduler watchdog timeout (self.watchdog_timeout=...,
+self.soft=False)", dumps every thread's stack, and ends the process the way a fatal scheduler
+error does (SIGQUIT to the parent, exit code 1), so that a supervisor restarts a server that no
+longer makes progress.
 """
 
 from __future__ import annotations
@@ -14,15 +20,15 @@ import faulthandler
 import logging
 import sys
 import threading
-import time
 
 logger = logging.getLogger(__name__)
 
 
 class SchedulerWatchdog:
-    def __init__(self, scheduler, watchdog_timeout: float, on_timeout=None, notify_parent: bool = True):
+    def __init__(self, heartbeat, watchdog_timeout: float, on_timeout=None, notify_parent: bool = True):
+        """`heartbeat`: anything with `age()` (seconds since the loop's last turn started)."""
         self.notify_parent = notify_parent
-        self.scheduler = scheduler
+        self.heartbeat = heartbeat
         self.watchdog_timeout = watchdog_timeout
         self.soft = False
         self.on_timeout = on_timeout
@@ -30,11 +36,11 @@ class SchedulerWatchdog:
         self.thread = threading.Thread(target=self._run, name="sglang-scheduler-watchdog", daemon=True)
 
     @classmethod
-    def start_for(cls, scheduler, server_args, notify_parent: bool = True):
+    def start_for(cls, heartbeat, server_args, notify_parent: bool = True):
         timeout = server_args.watchdog_timeout
         if timeout is None or timeout <= 0:
             return None
-        dog = cls(scheduler, float(timeout), notify_parent=notify_parent)
+        dog = cls(heartbeat, float(timeout), notify_parent=notify_parent)
         dog.thread.start()
         return dog
 
@@ -44,8 +50,7 @@ class SchedulerWatchdog:
     def _run(self) -> None:
         period = min(self.watchdog_timeout / 2, 5.0)
         while not self._stop.wait(period):
-            started = self.scheduler.forward_started_at
-            if started is not None and time.monotonic() - started > self.watchdog_timeout:
+            if self.heartbeat.age() > self.watchdog_timeout:
                 self._fire()
                 return
 

@@ -15,16 +15,13 @@ so the sampler only ever sees positive top-k values and positive temperatures.
 from __future__ import annotations
 
 import math
-import re
-import re._constants as _sre_constants
-import re._parser as _sre_parser
 from typing import Any, Dict, List, Optional, Union
+
+from sglang.srt.sampling.stop_regex import get_max_seq_length, validate_stop_regexes
 
 _SAMPLING_EPS = 1e-6
 # "Whole vocabulary": larger than any vocabulary; the sampler clamps it to the logits' width.
 TOP_K_ALL = 1 << 30
-# Length counted for an unbounded regex repetition (`*`, `+`, `{n,}`).
-_REGEX_UNBOUNDED_LEN = 1 << 30
 
 
 class SamplingParams:
@@ -137,11 +134,8 @@ class SamplingParams:
                     raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
         if self.custom_params is not None and not isinstance(self.custom_params, dict):
             raise ValueError(f"custom_params must be an object, got {self.custom_params!r}.")
-        for regex in ([self.stop_regex_strs] if isinstance(self.stop_regex_strs, str) else self.stop_regex_strs or []):
-            try:
-                re.compile(regex)
-            except re.error as e:
-                raise ValueError(f"Invalid stop_regex {regex!r}: {e}.") from None
+        # RE2 syntax, pattern count and length (sampling/stop_regex.py): a 400 here, never a stall later.
+        validate_stop_regexes([self.stop_regex_strs] if isinstance(self.stop_regex_strs, str) else self.stop_regex_strs)
 
     def verify(self, vocab_size: int) -> None:
         """Rejects out-of-range values with upstream's messages (ValueError)."""
@@ -235,36 +229,3 @@ def _is_number(x: Any) -> bool:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def get_max_seq_length(regex_str: str) -> int:
-    """Longest string (in characters) a regex can match; unbounded repeats count as 2**30.
-
-    Used, like upstream, to know how much trailing text must be kept to match a stop regex.
-    """
-    return _max_len(_sre_parser.parse(regex_str))
-
-
-def _max_len(subpattern) -> int:
-    c = _sre_constants
-    total = 0
-    for op, value in subpattern:
-        if op in (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY):
-            total += 1
-        elif op == c.SUBPATTERN:
-            total += _max_len(value[-1])
-        elif op == c.BRANCH:
-            total += max((_max_len(b) for b in value[1]), default=0)
-        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
-            _, hi, inner = value
-            total += _REGEX_UNBOUNDED_LEN if hi == c.MAXREPEAT else hi * _max_len(inner)
-        elif op in (c.ASSERT, c.ASSERT_NOT, c.AT):
-            continue
-        elif op == c.GROUPREF_EXISTS:
-            _, yes, no = value
-            total += max(_max_len(yes), _max_len(no) if no else 0)
-        elif op == getattr(c, "ATOMIC_GROUP", None):
-            total += _max_len(value)
-        else:  # GROUPREF and anything exotic: no static bound.
-            total += _REGEX_UNBOUNDED_LEN
-    return min(total, _REGEX_UNBOUNDED_LEN)

@@ -55,6 +55,7 @@ class ServingContext:
     server_args: Any
     scheduler_info: Dict[str, Any]
     engine_alive: Any = None  # callable -> bool (EngineProcesses.alive)
+    scheduler_heartbeat: Any = None  # utils/heartbeat.Heartbeat of the scheduler loop, or None
     model_sampling_defaults: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -77,6 +78,22 @@ class ServingContext:
         if self.engine_alive is not None and not self.engine_alive():
             return "The engine's scheduler or detokenizer process died; the server cannot serve requests."
         return None
+
+    def stall_reason(self) -> Optional[str]:
+        """Why the scheduler counts as stuck (its loop has not turned within `health_timeout()`), or None."""
+        if self.scheduler_heartbeat is None:
+            return None
+        age, bound = self.scheduler_heartbeat.age(), health_timeout()
+        if age <= bound:
+            return None
+        return (f"Health check failed: the scheduler loop has not turned for {age:.1f} s "
+                f"(SGLANG_HEALTH_CHECK_TIMEOUT={bound:g} s).")
+
+
+def health_timeout() -> float:
+    """Upstream's `SGLANG_HEALTH_CHECK_TIMEOUT` (default 20 s): how long /health_generate waits for
+    a token, and how old the scheduler loop's heartbeat may be before /health answers 503."""
+    return float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
 
 
 def load_model_sampling_defaults(model_path: Optional[str]) -> Dict[str, Any]:
