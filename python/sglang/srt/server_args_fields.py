@@ -159,6 +159,11 @@ class ServingFields:
         False,
         "Enable users to pass custom logit processors to the server (disabled by default for security).",
     )
+    trust_request_chat_template: bool = arg(
+        False,
+        "Accept a chat template sent in a request's chat_template_kwargs (refused with a 400 by default: a "
+        "template is code the server runs, and a client's can run for as long as it likes).",
+    )
 
 
 @dataclasses.dataclass

@@ -400,7 +400,6 @@ UPSTREAM_ONLY_FLAGS = {
     'trace_modules': (('--trace-modules',), 'value'),
     'triton_attention_split_tile_size': (('--triton-attention-split-tile-size',), 'value'),
     'trust_mm_content_hashes': (('--trust-mm-content-hashes',), 'flag'),
-    'trust_request_chat_template': (('--trust-request-chat-template',), 'flag'),
     'unified_cache_external_linker_backend': (('--unified-cache-external-linker-backend',), 'value'),
     'unified_cache_external_linker_config': (('--unified-cache-external-linker-config',), 'value'),
     'uno_lora_path': (('--uno-lora-path',), 'value'),

@@ -4,7 +4,8 @@ A constrained request carries one of `json_schema`, `regex`, `ebnf`, `structural
 sampling params; `grammar_key` turns it into a cache key `(kind, spec)`. The backend compiles a
 key once, on a worker thread (`get_future`), and caches the compiled grammar, so many requests
 with the same schema (n > 1, a JSON API) pay for one compilation and a slow schema never runs on
-the scheduler's step. Each request then gets its own matcher (`BaseGrammarObject`) from the
+the scheduler's step. The cache keeps the most recently used SGLANG_GRAMMAR_CACHE_SIZE grammars
+(default 1024): clients choose the keys, so an unbounded cache grew with every new schema. Each request then gets its own matcher (`BaseGrammarObject`) from the
 compiled grammar: it masks the vocabulary before sampling and advances on each accepted token.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -63,9 +65,12 @@ class BaseGrammarBackend:
     allocate_vocab_mask: Callable[[int], torch.Tensor]
     apply_vocab_mask: Callable[[torch.Tensor, torch.Tensor], None]
 
-    def __init__(self, num_threads: int = 1):
+    def __init__(self, num_threads: int = 1, cache_entries: Optional[int] = None):
+        from sglang.srt.managers.request_limits import env_limit
+
         self._executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar")
-        self._cache: Dict[GrammarKey, Future] = {}
+        self._cache: "OrderedDict[GrammarKey, Future]" = OrderedDict()  # least recently used first
+        self._cache_entries = cache_entries if cache_entries is not None else env_limit("grammar_cache_entries")
         self._lock = threading.Lock()
 
     def compile(self, key: GrammarKey):
@@ -77,12 +82,17 @@ class BaseGrammarBackend:
 
     def get_future(self, key: GrammarKey) -> Future:
         """A future of the compiled grammar (cached: one compilation per key; failures are
-        cached too, so a bad spec sent again fails at once)."""
+        cached too, so a bad spec sent again fails at once). An evicted entry is only forgotten:
+        the requests that hold its future keep it."""
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
                 fut = self._executor.submit(self.compile, key)
                 self._cache[key] = fut
+                while len(self._cache) > self._cache_entries:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
             return fut
 
     def cache_size(self) -> int:

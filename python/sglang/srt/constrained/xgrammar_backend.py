@@ -58,7 +58,8 @@ class XGrammarGrammarBackend(BaseGrammarBackend):
             self.json_options["max_whitespace_cnt"] = max_whitespace_cnt
         stop = sorted(set(eos_token_ids or ())) or None
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+        # The backend's own LRU (BaseGrammarBackend) bounds the cache; xgrammar's would grow without bound.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def compile(self, key: GrammarKey):
         kind, spec = key

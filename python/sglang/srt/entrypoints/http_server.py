@@ -42,6 +42,7 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_pooling import add_pooling_routes
 from sglang.srt.entrypoints.openai.serving_responses import add_responses_routes
+from sglang.srt.entrypoints.request_body import PARSE_ON_LOOP_MAX_BYTES, BodySizeLimit, clipped_errors, loads_json
 from sglang.srt.entrypoints.web_ui import add_web_routes, is_public_path
 from sglang.srt.server_args_compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
@@ -53,7 +54,9 @@ from sglang.srt.entrypoints.server_lifecycle import (
     serve,
     wait_and_warmup,
 )
+from sglang.srt.managers.cpu_work_pool import run_cpu
 from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+from sglang.srt.managers.request_limits import RequestLimits, clip_message
 from sglang.srt.managers.tokenizer_manager import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -105,11 +108,12 @@ def _json(content: Any, status_code: int = 200) -> Response:
 
 
 def _native_error(message: str, status_code: int = 400) -> Response:
-    return _json({"error": {"message": message}}, status_code)
+    return _json({"error": {"message": clip_message(message)}}, status_code)
 
 
 def _stream_error_chunk(message: str, code: int = 400) -> bytes:
-    err = {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
+    err = {"error": {"message": clip_message(message), "type": "invalid_request_error", "code": code,
+                     "retryable": False}}
     return b"data: " + orjson.dumps(err) + b"\n\n"
 
 
@@ -120,13 +124,23 @@ _GENERATE_ADAPTER = TypeAdapter(GenerateReqInput)
 
 async def _parse_body(request: Request, model):
     """JSON body -> `model` (a pydantic model class or a TypeAdapter); invalid JSON or values
-    raise FastAPI's RequestValidationError, which the app turns into a 400 ErrorResponse."""
+    raise FastAPI's RequestValidationError, which the app turns into a 400 ErrorResponse. A large
+    body is parsed and validated on a worker thread (the size limit was checked before, by
+    `BodySizeLimit`)."""
     raw = await request.body()
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-                                       "input": {}, "ctx": {"error": e.msg}}]) from None
+    limits = _limits_of(request)
+    if len(raw) > PARSE_ON_LOOP_MAX_BYTES:
+        return await run_cpu(_parse_body_sync, raw, model, limits)
+    return _parse_body_sync(raw, model, limits)
+
+
+def _limits_of(request: Request) -> RequestLimits:
+    limits = getattr(request.app.state, "request_limits", None)
+    return limits if limits is not None else RequestLimits.from_env(context_len=0)
+
+
+def _parse_body_sync(raw: bytes, model, limits: RequestLimits):
+    body = loads_json(raw, limits)
     if not isinstance(body, dict):
         raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a JSON object",
                                        "input": body}])
@@ -145,6 +159,9 @@ async def _parse_body(request: Request, model):
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="SGLang", openapi_url=None)
+    limits = state.tokenizer_manager.limits
+    app.state.request_limits = limits
+    app.add_middleware(BodySizeLimit, limit=limits.max_body_bytes)
     # Browser clients (as upstream): any origin may call the API; the API key still applies.
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
                        allow_headers=["*"])
@@ -155,16 +172,17 @@ def build_app(state: ServerState) -> FastAPI:
     # --- errors: upstream turns FastAPI's 422 into a 400 ErrorResponse -------------------------
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
+        exc = RequestValidationError(clipped_errors(exc.errors()))  # never echo a big input back
         exc_str, errors_str = str(exc), str(exc.errors())
         message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
-        err = ErrorResponse(message=message, type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST.value)
+        err = ErrorResponse(message=clip_message(message), type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST.value)
         if request.url.path.startswith("/v1/responses"):  # upstream nests the Responses API's errors
             return JSONResponse(status_code=400, content={"error": err.model_dump(exclude={"object"})})
         return JSONResponse(status_code=400, content=err.model_dump())
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
-        err = ErrorResponse(message=str(exc.detail), type=str(exc.status_code), code=exc.status_code)
+        err = ErrorResponse(message=clip_message(str(exc.detail)), type=str(exc.status_code), code=exc.status_code)
         return JSONResponse(status_code=exc.status_code, content=err.model_dump())
 
     api_key = state.server_args.api_key
@@ -239,13 +257,13 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/tokenize")
     @app.post("/tokenize")
     async def openai_v1_tokenize(raw_request: Request):
-        res = serving_tokenize.tokenize(ctx, await _parse_body(raw_request, TokenizeRequest), chat)
+        res = await run_cpu(serving_tokenize.tokenize, ctx, await _parse_body(raw_request, TokenizeRequest), chat)
         return res if isinstance(res, Response) else _json(res.model_dump())
 
     @app.post("/v1/detokenize")
     @app.post("/detokenize")
     async def openai_v1_detokenize(raw_request: Request):
-        res = serving_tokenize.detokenize(ctx, await _parse_body(raw_request, DetokenizeRequest))
+        res = await run_cpu(serving_tokenize.detokenize, ctx, await _parse_body(raw_request, DetokenizeRequest))
         return res if isinstance(res, Response) else _json(res.model_dump())
 
     @app.post("/parse_function_call")
@@ -259,7 +277,7 @@ def build_app(state: ServerState) -> FastAPI:
             normal, calls = FunctionCallParser(obj.tools, name).parse_non_stream(obj.text)
             return {"normal_text": normal, "calls": [dataclasses.asdict(c) for c in calls]}
 
-        return _run_parser(obj.tool_call_parser or chat.tool_call_parser, "--tool-call-parser", run)
+        return await run_cpu(_run_parser, obj.tool_call_parser or chat.tool_call_parser, "--tool-call-parser", run)
 
     @app.post("/separate_reasoning")
     async def separate_reasoning(raw_request: Request):
@@ -272,7 +290,7 @@ def build_app(state: ServerState) -> FastAPI:
             reasoning, normal = ReasoningParser(name).parse_non_stream(obj.text)
             return {"text": normal, "reasoning_text": reasoning}
 
-        return _run_parser(obj.reasoning_parser or chat.reasoning_parser, "--reasoning-parser", run)
+        return await run_cpu(_run_parser, obj.reasoning_parser or chat.reasoning_parser, "--reasoning-parser", run)
 
     # --- control --------------------------------------------------------------------------------
     @app.api_route("/flush_cache", methods=["GET", "POST"])

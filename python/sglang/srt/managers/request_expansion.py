@@ -27,10 +27,9 @@ import dataclasses
 from typing import Any, List, Optional
 
 from sglang.srt.managers.io_struct import GenerateReqInput, new_rid
+from sglang.srt.managers.request_limits import RequestLimits, clip
 
 ROOM_MODULUS = 1 << 63
-# One request may not fan out without bound (n=100000 would queue 100000 sequences).
-MAX_SEQUENCES_PER_REQUEST = 1024
 
 
 class RequestExpansionError(ValueError):
@@ -51,7 +50,7 @@ def parallel_sample_num(sampling_params: Any) -> int:
     if n is None:
         n = 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise RequestExpansionError(f"n must be a positive integer, got {n!r}.")
+        raise RequestExpansionError(f"n must be a positive integer, got {clip(n)}.")
     return n
 
 
@@ -79,7 +78,7 @@ def _rooms(value: Any, batch_size: int, n: int) -> List[Optional[int]]:
 
     def as_room(x) -> int:
         if isinstance(x, bool) or not isinstance(x, int):
-            raise RequestExpansionError(f"bootstrap_room must be an integer (or a list of integers), got {x!r}.")
+            raise RequestExpansionError(f"bootstrap_room must be an integer (or a list of integers), got {clip(x)}.")
         return x
 
     if not isinstance(value, list):
@@ -142,16 +141,16 @@ def _sampling(sp: Any, batch_size: int, n: int, is_single: bool) -> List[dict]:
     return out
 
 
-def expand_request(obj: GenerateReqInput) -> List[GenerateReqInput]:
-    """`obj` (normalized: `is_single`/`batch_size` set) -> one single-sequence request per entry."""
+def expand_request(obj: GenerateReqInput, limits: Optional[RequestLimits] = None) -> List[GenerateReqInput]:
+    """`obj` (normalized: `is_single`/`batch_size` set) -> one single-sequence request per entry.
+    One request may not fan out without bound (n=100000 would queue 100000 sequences)."""
     n = parallel_sample_num(obj.sampling_params)
     b, single = obj.batch_size, obj.is_single
+    try:
+        (limits or RequestLimits.from_env(context_len=0)).check_sequences(b, n)
+    except ValueError as e:
+        raise RequestExpansionError(str(e)) from None
     total = b * n
-    if total > MAX_SEQUENCES_PER_REQUEST:
-        raise RequestExpansionError(
-            f"The request expands to {total} sequences ({b} prompt(s) x n={n}); at most "
-            f"{MAX_SEQUENCES_PER_REQUEST} are served in one request."
-        )
     prompts_text = [obj.text] if single else obj.text
     prompts_ids = [obj.input_ids] if single else obj.input_ids
     rids = _rids(obj.rid, b, n, single)

@@ -9,10 +9,12 @@ fields whose feature this server does not have, and the PD bootstrap fields a ro
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import List, Optional
 
 from sglang.srt.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
+from sglang.srt.managers.request_limits import RequestLimits, clip
 
 logger = logging.getLogger(__name__)
 
@@ -24,14 +26,18 @@ CUSTOM_LOGIT_PROCESSOR_DISABLED = (
 
 
 class RequestValidator:
-    def __init__(self, server_args, tokenizer, context_len: int, vocab_size: int):
+    def __init__(self, server_args, tokenizer, context_len: int, vocab_size: int,
+                 limits: Optional[RequestLimits] = None):
         self.server_args = server_args
+        self.limits = limits or RequestLimits.from_env(context_len)
         self.tokenizer = tokenizer
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.disagg_mode = server_args.disaggregation_mode
         self.fake_transfer = server_args.disaggregation_transfer_backend == "fake"
-        self.fake_bootstrap_room_counter = 0  # PD with the fake backend: rooms are local counters
+        # PD with the fake backend: rooms are local counters (`next` on a count is atomic, and
+        # requests are validated on several worker threads).
+        self._fake_bootstrap_rooms = itertools.count()
 
     def validate_and_tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -39,6 +45,7 @@ class RequestValidator:
         input_ids, text = self._input_ids(obj)
         sp_dict = dict(obj.sampling_params or {})
         input_ids = self._check_lengths(input_ids, sp_dict)
+        self.limits.check_stop_strings(sp_dict.get("stop"))
         try:
             sp = SamplingParams(**sp_dict)
         except TypeError as e:  # an unknown key (upstream's own TypeError text) or an unhashable value
@@ -57,10 +64,17 @@ class RequestValidator:
         logprob_start_len = -1 if obj.logprob_start_len is None else obj.logprob_start_len
         top_logprobs_num = obj.top_logprobs_num or 0
         if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-            raise ValueError(f"top_logprobs_num must be a non-negative integer, got {top_logprobs_num!r}.")
+            raise ValueError(f"top_logprobs_num must be a non-negative integer, got {clip(top_logprobs_num)}.")
+        if top_logprobs_num > self.vocab_size:
+            raise ValueError(f"top_logprobs_num must be at most the vocabulary size ({self.vocab_size}), "
+                             f"got {top_logprobs_num}.")
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
-            raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, got {logprob_start_len!r}.")
+            raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, got {clip(logprob_start_len)}.")
         token_ids_logprob = self._token_ids_logprob(obj.token_ids_logprob)
+        if obj.return_logprob:
+            new_tokens = sp.max_new_tokens if sp.max_new_tokens is not None else self.context_len - len(input_ids)
+            self.limits.check_logprob_work(len(input_ids), logprob_start_len, new_tokens, top_logprobs_num,
+                                           token_ids_logprob)
         priority = self._priority(obj.priority)
         self._check_bootstrap(obj)
         return TokenizedGenerateReqInput(
@@ -90,7 +104,7 @@ class RequestValidator:
             bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(
-                    f"The input_ids {bad[:8]} contain values outside the vocabulary [0, {self.vocab_size})."
+                    f"The input_ids {clip(bad[:8])} contain values outside the vocabulary [0, {self.vocab_size})."
                 )
             text = None
         else:
@@ -102,6 +116,11 @@ class RequestValidator:
             text = obj.text
             if not isinstance(text, str):
                 raise ValueError(f"text must be a string (or a list of strings), got {type(text).__name__}.")
+            if len(text) > self.limits.max_prompt_chars and self.server_args.allow_auto_truncate:
+                # Only the head is kept after tokenizing anyway: cut the text first, so a huge
+                # prompt is not tokenized whole to be thrown away.
+                text = text[: self.limits.max_prompt_chars]
+            self.limits.check_prompt_chars(len(text))
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError("The input is empty: at least one token is required.")
@@ -161,8 +180,7 @@ class RequestValidator:
         if self.disagg_mode == "null":
             return
         if self.fake_transfer and obj.bootstrap_room is None:
-            obj.bootstrap_room = self.fake_bootstrap_room_counter
-            self.fake_bootstrap_room_counter += 1
+            obj.bootstrap_room = next(self._fake_bootstrap_rooms)
         host, port = obj.bootstrap_host, obj.bootstrap_port
         if host is not None and not isinstance(host, str):
             raise ValueError(f"bootstrap_host must be a string, got {host!r}.")

@@ -30,7 +30,9 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReqOutput,
     RejectedRequest,
 )
+from sglang.srt.managers.cpu_work_pool import run_cpu
 from sglang.srt.managers.request_expansion import expand_request
+from sglang.srt.managers.request_limits import RequestLimits
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_validation import RequestValidator
 
@@ -53,8 +55,8 @@ class ReqState:
     created_time: float = dataclasses.field(default_factory=time.time)
     finished: bool = False
     input_len: int = 0
-    # Logprobs accumulated over the chunks of a stream (lists of (logprob, token_id)).
-    output_token_logprobs: List[tuple] = dataclasses.field(default_factory=list)
+    # Logprobs accumulated over the chunks of a stream, formatted ([logprob, token_id, text]).
+    output_token_logprobs: List[list] = dataclasses.field(default_factory=list)
     output_top_logprobs: List[Any] = dataclasses.field(default_factory=list)
     input_token_logprobs: Optional[List[tuple]] = None
     input_top_logprobs: Optional[List[Any]] = None
@@ -78,7 +80,10 @@ class TokenizerManager:
             from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
             self.tokenizer = load_tokenizer(server_args)
-        self.validator = RequestValidator(server_args, self.tokenizer, self.context_len, self.vocab_size)
+        self.limits = RequestLimits.from_env(self.context_len)
+        self.validator = RequestValidator(server_args, self.tokenizer, self.context_len, self.vocab_size, self.limits)
+        # token id -> its text, for logprobs with text (the vocabulary bounds it).
+        self._token_texts: Dict[int, Optional[str]] = {}
         self.ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = self.ctx.socket(zmq.PULL)
         self.recv_from_detokenizer.bind(port_args.tokenizer_ipc_name)
@@ -112,9 +117,10 @@ class TokenizerManager:
         if isinstance(obj, EmbeddingReqInput) != bool(self.server_args.is_embedding):
             raise ValueError(NOT_GENERATION_MODEL if self.server_args.is_embedding else NOT_EMBEDDING_MODEL)
         obj.normalize_batch_and_arguments()
-        entries = expand_request(obj)
+        entries = expand_request(obj, self.limits)
         try:
-            tokenized = [self.validator.validate_and_tokenize(e) for e in entries]  # all or nothing
+            # All or nothing; tokenizing runs on a worker thread, never on the event loop.
+            tokenized = await run_cpu(lambda: [self.validator.validate_and_tokenize(e) for e in entries])
         except ValueError as e:
             self._tell_pd_peer(entries, str(e))
             raise
@@ -350,31 +356,46 @@ class TokenizerManager:
         t["completion_tokens"] += out.completion_tokens[i]
 
     def _add_logprobs(self, meta: dict, st: ReqState, out: BatchStrOutput, i: int) -> None:
-        st.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
-        st.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
-        st.output_token_ids_logprobs.extend(_at(out.output_token_ids_logprobs, i) or [])
-        if out.input_token_logprobs[i] is not None:
-            st.input_token_logprobs = out.input_token_logprobs[i]
-            st.input_top_logprobs = out.input_top_logprobs[i]
-            st.input_token_ids_logprobs = _at(out.input_token_ids_logprobs, i)
+        """Each position's logprobs are formatted once, when they arrive (formatting the whole
+        history again for every chunk of a stream made streaming quadratic); every chunk's
+        meta_info gets a snapshot of the lists so far, as upstream (cumulative)."""
         with_text = st.obj.return_text_in_logprobs
 
         def fmt(pairs):
             if pairs is None:
                 return []
-            return [[lp, tid, self._tok_text(tid) if with_text else None] for lp, tid in pairs]
+            if not with_text:
+                return [[lp, tid, None] for lp, tid in pairs]
+            return [[lp, tid, self._tok_text(tid)] for lp, tid in pairs]
 
-        meta["input_token_logprobs"] = fmt(st.input_token_logprobs)
-        meta["output_token_logprobs"] = fmt(st.output_token_logprobs)
+        def fmt_rows(rows):
+            return [fmt(t) if t else None for t in (rows or [])]
+
+        st.output_token_logprobs.extend(fmt(out.output_token_logprobs[i] or []))
+        st.output_top_logprobs.extend(fmt_rows(out.output_top_logprobs[i]))
+        st.output_token_ids_logprobs.extend(fmt_rows(_at(out.output_token_ids_logprobs, i)))
+        if out.input_token_logprobs[i] is not None:
+            st.input_token_logprobs = fmt(out.input_token_logprobs[i])
+            st.input_top_logprobs = fmt_rows(out.input_top_logprobs[i])
+            st.input_token_ids_logprobs = fmt_rows(_at(out.input_token_ids_logprobs, i))
+
+        meta["input_token_logprobs"] = st.input_token_logprobs or []
+        meta["output_token_logprobs"] = list(st.output_token_logprobs)
         meta["output_token_logprobs_length"] = len(st.output_token_logprobs)
-        meta["input_top_logprobs"] = [fmt(t) if t else None for t in (st.input_top_logprobs or [])]
-        meta["output_top_logprobs"] = [fmt(t) if t else None for t in st.output_top_logprobs]
+        meta["input_top_logprobs"] = st.input_top_logprobs or []
+        meta["output_top_logprobs"] = list(st.output_top_logprobs)
         if st.obj.token_ids_logprob is not None:  # upstream's keys, one list per position
-            meta["input_token_ids_logprobs"] = [fmt(t) if t else None for t in (st.input_token_ids_logprobs or [])]
-            meta["output_token_ids_logprobs"] = [fmt(t) if t else None for t in st.output_token_ids_logprobs]
+            meta["input_token_ids_logprobs"] = st.input_token_ids_logprobs or []
+            meta["output_token_ids_logprobs"] = list(st.output_token_ids_logprobs)
 
     def _tok_text(self, tid):
-        return self.tokenizer.decode([tid]) if self.tokenizer is not None else None
+        """A token's text, decoded once per token id (the vocabulary bounds the cache)."""
+        if self.tokenizer is None:
+            return None
+        text = self._token_texts.get(tid)
+        if text is None:
+            text = self._token_texts[tid] = self.tokenizer.decode([tid])
+        return text
 
     # --- control ---------------------------------------------------------------------------------------
     async def _control(self, req, reply_type, timeout: float = 60):

@@ -21,6 +21,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from fastapi.responses import JSONResponse
 
+from sglang.srt.managers.cpu_work_pool import run_cpu
+from sglang.srt.managers.request_limits import clip_message
 from sglang.srt.managers.tokenizer_manager import EngineDeadError, abort_reason
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionTokenLogprob,
@@ -118,12 +120,12 @@ def load_model_sampling_defaults(model_path: Optional[str]) -> Dict[str, Any]:
 
 def create_error_response(message: str, err_type: str = "BadRequestError", status_code: int = 400,
                           param: Optional[str] = None) -> JSONResponse:
-    err = ErrorResponse(message=message, type=err_type, param=param, code=status_code)
+    err = ErrorResponse(message=clip_message(message), type=err_type, param=param, code=status_code)
     return JSONResponse(content=err.model_dump(), status_code=status_code)
 
 
 def create_streaming_error_response(message: str, err_type: str = "BadRequestError", status_code: int = 400) -> str:
-    err = ErrorResponse(message=message, type=err_type, code=status_code)
+    err = ErrorResponse(message=clip_message(message), type=err_type, code=status_code)
     return json.dumps({"error": err.model_dump()})
 
 
@@ -361,6 +363,10 @@ class OpenAIServingBase:
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
 
+    @property
+    def limits(self):
+        return self.ctx.tokenizer_manager.limits
+
     def _validate(self, request) -> Optional[str]:
         return None
 
@@ -374,7 +380,8 @@ class OpenAIServingBase:
         if dead:
             return create_error_response(dead, err_type="ServiceUnavailable", status_code=503)
         try:
-            obj = self._convert(request)
+            # The chat template and the tokenizer run on a worker thread, not on the event loop.
+            obj = await run_cpu(self._convert, request)
             agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
             first = await first_output(agen)
         except Exception as e:  # noqa: BLE001 - mapped to a status, never a crashed route
@@ -391,11 +398,14 @@ class OpenAIServingBase:
         if aborted is not None:
             return error_from_abort(aborted)
         try:
-            response = self._build_response(request, outputs)
+            if getattr(request, "logprobs", None):  # up to SGLANG_MAX_LOGPROB_ENTRIES objects: not on the loop
+                content = await run_cpu(lambda: self._build_response(request, outputs).model_dump_json())
+            else:
+                content = self._build_response(request, outputs).model_dump_json()
         except Exception as e:  # noqa: BLE001
             logger.exception("Error building a response: %s", e)
             return create_error_response(f"Internal server error: {e}", err_type="InternalServerError", status_code=500)
-        return Response(content=response.model_dump_json(), media_type="application/json")
+        return Response(content=content, media_type="application/json")
 
     async def _sse(self, request, first, agen):
         outputs = chain_outputs(first, agen)

@@ -42,6 +42,12 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.parser_selection import resolve_parsers
 
 
+UNTRUSTED_CHAT_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
 class OpenAIServingChat(OpenAIServingBase):
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -64,6 +70,10 @@ class OpenAIServingChat(OpenAIServingBase):
         error = _validate_tools(request)
         if error:
             return error
+        try:
+            self.limits.check_top_logprobs(request.top_logprobs)
+        except ValueError as e:
+            return str(e)
         # Upstream's check (and text, missing space included), against --context-length or the model's.
         max_output_tokens = request.max_completion_tokens or request.max_tokens
         context_len = self.ctx.server_args.context_length or self.ctx.context_len
@@ -94,10 +104,16 @@ class OpenAIServingChat(OpenAIServingBase):
         return msgs
 
     def prompt_ids(self, request) -> List[int]:
-        """Token ids of `request.messages` rendered with the chat template (also for /v1/tokenize)."""
+        """Token ids of `request.messages` rendered with the chat template (also for /v1/tokenize).
+        Runs on a worker thread (`run_cpu`); the messages are measured before they are rendered."""
         tok = self.ctx.tokenizer_manager.tokenizer
-        msgs = self._messages(request)
         kwargs = dict(request.chat_template_kwargs or {})
+        if kwargs.get("chat_template") is not None and not self.ctx.server_args.trust_request_chat_template:
+            # A template is code: a nested loop in one stalls the server (Jinja's sandbox bounds
+            # what it can reach, not how long it runs).
+            raise ValueError(UNTRUSTED_CHAT_TEMPLATE)
+        self.limits.check_messages_chars([m.content for m in request.messages])
+        msgs = self._messages(request)
         add_generation_prompt = True
         if request.continue_final_message and msgs and msgs[-1]["role"] == "assistant":
             add_generation_prompt = False

@@ -39,6 +39,10 @@ class OpenAIServingCompletion(OpenAIServingBase):
             return "Prompt cannot be empty"
         if request.n < 1:
             return f"n must be at least 1, got {request.n}."
+        try:
+            self.limits.check_completion_logprobs(request.logprobs)
+        except ValueError as e:
+            return str(e)
         return None
 
     def _convert(self, request: CompletionRequest) -> GenerateReqInput:

@@ -34,6 +34,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field
 
+from sglang.srt.managers.cpu_work_pool import run_cpu
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, _Lenient
 from sglang.srt.entrypoints.openai.responses_via_router import RouterError, chat_through_router
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
@@ -207,7 +208,8 @@ class OpenAIServingResponses:
             if self.ctx.server_args.disaggregation_mode != "null":
                 agen = self._via_router(chat_request)
             else:
-                agen = self.ctx.tokenizer_manager.generate_request(self.chat._convert(chat_request), raw_request)
+                obj = await run_cpu(self.chat._convert, chat_request)  # template + tokenizer off the loop
+                agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
             first = await first_output(agen)
         except RouterError as e:
             return _error(e.message, e.status_code)
