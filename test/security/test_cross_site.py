@@ -83,6 +83,17 @@ def test_bodies_a_form_can_send_are_415(plain_server, ctype):
         assert "Only 'application/json' is allowed" in error_message(r)
 
 
+def test_an_empty_post_may_carry_any_content_type_but_not_a_foreign_origin(plain_server):
+    """aiohttp (mini_lb's fan-out) labels an empty POST application/octet-stream: nothing to parse.
+    An empty cross-site form POST is still refused, by its Origin."""
+    url = plain_server["url"]
+    r = requests.post(url + "/flush_cache", data=b"", headers={"Content-Type": "application/octet-stream"}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.post(url + "/flush_cache", data=b"", timeout=60,
+                      headers={"Content-Type": "application/x-www-form-urlencoded", "Origin": EVIL})
+    assert r.status_code == 403, r.text
+
+
 def test_cross_site_get_of_a_control_route_is_refused(plain_server):
     """An <img src=http://127.0.0.1:PORT/flush_cache> sends no Origin, but the browser marks it."""
     r = requests.get(plain_server["url"] + "/flush_cache", headers={"Sec-Fetch-Site": "cross-site"}, timeout=30)

@@ -16,8 +16,8 @@ cannot read the answer) or rebind its own DNS name to 127.0.0.1 and then read an
   send `Origin` with every cross-site POST, whatever its body, so this also covers bodies the
   Content-Type rule below cannot see (a Blob without a type). Navigations to the web page itself
   (`GET /`, `/web/...`) are exempt: following a link to the page is fine.
-* **JSON bodies only**: POST/PUT/PATCH with a Content-Type other than `application/json` (or
-  `application/*+json`) get a 415: the Content-Types a page can send without a CORS preflight
+* **JSON bodies only**: POST/PUT/PATCH with a body and a Content-Type other than `application/json`
+  (or `application/*+json`) get a 415: the Content-Types a page can send without a CORS preflight
   are `text/plain`, `application/x-www-form-urlencoded` and `multipart/form-data`. A request with
   no Content-Type passes (no browser form sends one; the Origin rule covers scripts).
 * **CORS** is off by default (no `Access-Control-Allow-Origin` on any answer, so no page on
@@ -82,6 +82,15 @@ def allowed_host_names(bind_host: str, extra: Optional[Sequence[str]]) -> Option
     return frozenset(names)
 
 
+def _has_body(headers) -> bool:
+    """An empty POST (e.g. aiohttp's `POST /flush_cache`, which it labels application/octet-stream)
+    has nothing to parse, so its Content-Type does not matter."""
+    length = headers.get(b"content-length")
+    if length is not None:
+        return length.strip() not in (b"", b"0")
+    return b"transfer-encoding" in headers
+
+
 def _refuse(status: int, message: str) -> JSONResponse:
     phrase = {400: "Bad Request", 403: "Forbidden", 415: "Unsupported Media Type"}[status]
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": phrase, "code": status}})
@@ -112,7 +121,7 @@ class CrossSiteGuard:
                 return _refuse(403, CROSS_SITE.format(origin=origin.decode("latin-1")[:200]))
         elif headers.get(b"sec-fetch-site") == b"cross-site":
             return _refuse(403, CROSS_SITE_NO_ORIGIN)
-        if method in BODY_METHODS:
+        if method in BODY_METHODS and _has_body(headers):
             ctype = headers.get(b"content-type")
             if ctype is not None:
                 media = ctype.decode("latin-1").split(";", 1)[0].strip().lower()
