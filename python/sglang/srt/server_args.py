@@ -45,7 +45,7 @@ ZMQ_TCP_PORT_DELTA = 233
 
 FALLBACK_SOURCE = "fallback"
 # Never echoed back: the start-up log line and /server_info show REDACTED instead.
-SECRET_FIELDS = ("api_key",)
+SECRET_FIELDS = ("api_key", "admin_api_key")
 REDACTED = "<redacted>"
 
 
@@ -203,6 +203,9 @@ class ServerArgs(
             name = f.name
             value = getattr(self, name)
             raw = self._raw_input[name]
+            if name in SECRET_FIELDS:  # explain() is printed (check_server_args): keys stay out of it
+                value = REDACTED if value else value
+                raw = REDACTED if raw else raw
             source = self.resolution_source(name)
             if source is not None:
                 lines.append(f"{name} = {value!r}  [{source}; input {raw!r}]")

@@ -112,7 +112,28 @@ class ModelFields:
 class ServingFields:
     host: str = arg("127.0.0.1", "The host of the HTTP server.")
     port: int = arg(30000, "The port of the HTTP server.")
-    api_key: Optional[str] = arg(None, "Set API key of the server. It is also used in the OpenAI API compatible server.")
+    api_key: Optional[str] = arg(
+        None,
+        "Set API key of the server. It is also used in the OpenAI API compatible server. Fork: also read from "
+        "SGLANG_API_KEY when the flag is not given (so that the key need not appear in the process list).",
+    )
+    admin_api_key: Optional[str] = arg(
+        None,
+        "Set admin API key for administrative/control endpoints (e.g., weights update, cache flush, abort). "
+        "Endpoints marked as admin-only require Authorization: Bearer <admin_api_key> when this is set. Fork: "
+        "also read from SGLANG_ADMIN_API_KEY; it is also needed for custom_logit_processor requests.",
+    )
+    allowed_origins: Optional[List[str]] = arg(
+        None,
+        "Fork: the browser origins (scheme://host[:port]) allowed to call the API cross-origin (CORS). Default: "
+        "none, so a web page on another site cannot call the server; '*' allows every origin.",
+    )
+    allowed_hosts: Optional[List[str]] = arg(
+        None,
+        "Fork: Host header names the server answers besides localhost, 127.0.0.1, ::1 and --host (against DNS "
+        "rebinding); other Host headers get a 400. With a wildcard --host (0.0.0.0, ::) every Host is allowed "
+        "unless this is given; '*' allows every Host.",
+    )
     skip_server_warmup: bool = arg(False, "If set, skip warmup.")
     stream_interval: int = arg(
         1, "The interval (or buffer size) for streaming in terms of the token length. A smaller value makes streaming smoother."

@@ -85,6 +85,19 @@ def handle_missing_default_values(sa) -> None:
         sa._declare("_handle_missing_default_values", **decided)
 
 
+# Keys may come from the environment so that they need not be on the command line, where `ps`
+# shows them to every user of the machine. A flag given wins.
+API_KEY_ENV = {"api_key": "SGLANG_API_KEY", "admin_api_key": "SGLANG_ADMIN_API_KEY"}
+
+
+def handle_api_keys_from_environment(sa) -> None:
+    cfg = sa._view()
+    decided = {field: os.environ[env] for field, env in API_KEY_ENV.items()
+               if getattr(cfg, field) is None and os.environ.get(env)}
+    if decided:
+        sa._declare("_handle_api_keys_from_environment", **decided)
+
+
 # --------------------------------------------------------------------------------------------
 # PD disaggregation (reference 1.5, `handle_pd_disaggregation`)
 # --------------------------------------------------------------------------------------------
@@ -436,6 +449,7 @@ def _check_lmcache(cfg) -> None:
 RESOLUTION_PIPELINE = (
     handle_hicache_ratio_default,
     handle_missing_default_values,
+    handle_api_keys_from_environment,
     handle_pd_disaggregation,
     handle_platform_backends,
     handle_gpu_memory_settings,

@@ -7,7 +7,6 @@ neither a ServerArgs field nor in this table is refused (argparse, exit code 2).
 
 # field -> (flag names, kind); kind: flag (store_true), bool_optional (--x/--no-x), value, values (nargs +)
 UPSTREAM_ONLY_FLAGS = {
-    'admin_api_key': (('--admin-api-key',), 'value'),
     'allowed_media_domains': (('--allowed-media-domains',), 'values'),
     'asr_max_buffer_seconds': (('--asr-max-buffer-seconds',), 'value'),
     'asr_max_concurrent_sessions': (('--asr-max-concurrent-sessions',), 'value'),

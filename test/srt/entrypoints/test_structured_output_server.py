@@ -24,12 +24,14 @@ pytestmark = pytest.mark.server
 
 openai = pytest.importorskip("openai")
 
+ADMIN_KEY = "sk-structured-admin"  # custom logit processors run client code: admin key only (test/security)
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = find_free_port()
     log = str(tmp_path_factory.mktemp("log") / "server.log")
     proc = popen_launch_server("default", port, ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3",
-                                                 "--enable-custom-logit-processor",
+                                                 "--enable-custom-logit-processor", "--admin-api-key", ADMIN_KEY,
                                                  "--constrained-json-max-whitespace-cnt", "2"], log_path=log,
                                env={"OMP_NUM_THREADS": "2"})  # the only server of the module: both cores decode
     url = f"http://127.0.0.1:{port}"
@@ -218,13 +220,14 @@ def test_custom_logit_processor_forces_a_token(server):
     ns = {"__name__": "__main__", "CustomLogitProcessor": CustomLogitProcessor}
     exec(FORCE_TOKEN_SRC, ns)
     ForceToken = ns["ForceToken"]
-    r = requests.post(server["url"] + "/generate", json={
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = requests.post(server["url"] + "/generate", headers=admin, json={
         "input_ids": [1, 2, 3], "custom_logit_processor": ForceToken.to_str(),
         "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "custom_params": {"token_id": 42}}}, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == [42] * 5
-    r = requests.post(server["url"] + "/generate", json={"input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}",
-                                                          "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+    r = requests.post(server["url"] + "/generate", headers=admin, timeout=60, json={
+        "input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}", "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 400 and "Invalid custom_logit_processor" in r.text
 
 

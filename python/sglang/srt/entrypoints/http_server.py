@@ -23,10 +23,12 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from sglang.srt.entrypoints.auth import (AuthLevel, add_api_key_middleware, auth_level, custom_logit_processor_refusal,
+                                         request_role)
+from sglang.srt.entrypoints.cross_site import add_cross_site_middlewares
 from sglang.srt.entrypoints.openai import serving_tokenize
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -43,7 +45,7 @@ from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompl
 from sglang.srt.entrypoints.openai.serving_pooling import add_pooling_routes
 from sglang.srt.entrypoints.openai.serving_responses import add_responses_routes
 from sglang.srt.entrypoints.request_body import PARSE_ON_LOOP_MAX_BYTES, BodySizeLimit, clipped_errors, loads_json
-from sglang.srt.entrypoints.web_ui import add_web_routes, is_public_path
+from sglang.srt.entrypoints.web_ui import add_web_routes
 from sglang.srt.server_args_compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
     FAKE_BOOTSTRAP_HOST,
@@ -161,10 +163,12 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="SGLang", openapi_url=None)
     limits = state.tokenizer_manager.limits
     app.state.request_limits = limits
+    # The last middleware added runs first: Host/Origin/Content-Type (cross_site.py), then the key
+    # against the route's level (auth.py), then the body's size as it arrives (request_body.py).
+    sa = state.server_args
     app.add_middleware(BodySizeLimit, limit=limits.max_body_bytes)
-    # Browser clients (as upstream): any origin may call the API; the API key still applies.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
-                       allow_headers=["*"])
+    add_api_key_middleware(app, api_key=sa.api_key, admin_api_key=sa.admin_api_key)
+    add_cross_site_middlewares(app, sa)
     ctx = state.ctx
     completions = OpenAIServingCompletion(ctx)
     chat = OpenAIServingChat(ctx)
@@ -184,10 +188,6 @@ def build_app(state: ServerState) -> FastAPI:
     async def _http_error(request: Request, exc: HTTPException):
         err = ErrorResponse(message=clip_message(str(exc.detail)), type=str(exc.status_code), code=exc.status_code)
         return JSONResponse(status_code=exc.status_code, content=err.model_dump())
-
-    api_key = state.server_args.api_key
-    if api_key:
-        _add_api_key_middleware(app, api_key)
 
     # --- health -------------------------------------------------------------------------------
     @app.get("/health")
@@ -294,11 +294,13 @@ def build_app(state: ServerState) -> FastAPI:
 
     # --- control --------------------------------------------------------------------------------
     @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def flush_cache():
         ret = await state.tokenizer_manager.flush_cache()
         return Response(content=FLUSH_CACHE_TEXT, status_code=200 if ret.success else HTTPStatus.BAD_REQUEST)
 
     @app.post("/abort_request")
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def abort_request(request: Request):
         obj = await _parse_body(request, AbortRequestBody)
         state.tokenizer_manager.abort_request(obj.rid, obj.abort_all)
@@ -323,35 +325,6 @@ def build_app(state: ServerState) -> FastAPI:
     return app
 
 
-def _add_api_key_middleware(app: FastAPI, api_key: str) -> None:
-    """Upstream's rule: every route needs `Authorization: Bearer KEY`, except the health checks
-    and /metrics (scraped by monitoring without credentials); here also the web page's own files
-    (`web_ui.is_public_path`: they hold no data, and the page asks for the key).
-
-    A plain ASGI middleware, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hides
-    the client's `http.disconnect` from the route, and the TokenizerManager relies on
-    `request.is_disconnected()` to abort non-streaming requests whose client went away."""
-    app.add_middleware(_ApiKeyMiddleware, api_key=api_key)
-
-
-class _ApiKeyMiddleware:
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = ("Bearer " + api_key).encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] == "OPTIONS":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        if path.startswith("/health") or path.startswith("/metrics") or is_public_path(path):
-            return await self.app(scope, receive, send)
-        auth = dict(scope["headers"]).get(b"authorization")
-        if auth != self.expected:
-            response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
-            return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
 # =============================================================================================
 # Handlers
 # =============================================================================================
@@ -362,6 +335,9 @@ async def _generate(state: ServerState, obj: GenerateReqInput, request: Request)
     dead = state.ctx.dead_reason()
     if dead:
         return _native_error(dead, 503)
+    refusal = custom_logit_processor_refusal(state.server_args, request_role(request), obj.custom_logit_processor)
+    if refusal:
+        return _native_error(refusal, 403)
     tm = state.tokenizer_manager
     try:
         agen = tm.generate_request(obj, request)
