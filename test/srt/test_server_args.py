@@ -383,15 +383,19 @@ def test_port_args_ipc():
     assert PortArgs.init_new(ServerArgs(nccl_port=12345)).nccl_port == 12345
 
 
-def test_port_args_attention_dp_tcp():
-    p = PortArgs.init_new(ServerArgs(attn_dp_size=2, port=30000))
-    base = 30000 + 233 + 1
-    assert p.tokenizer_ipc_name == f"tcp://127.0.0.1:{base}"
-    assert p.detokenizer_ipc_name == f"tcp://127.0.0.1:{base + 1}"
-    assert p.scheduler_input_ipc_name == f"tcp://127.0.0.1:{base + 4}"
-    assert PortArgs.init_new(ServerArgs(attn_dp_size=2), dp_rank=1).scheduler_input_ipc_name == f"tcp://127.0.0.1:{base + 6}"
-    p = PortArgs.init_new(ServerArgs(attn_dp_size=2, dist_init_addr="10.0.0.5:5000"), dp_rank=0, worker_ports=[7000])
-    assert (p.tokenizer_ipc_name, p.scheduler_input_ipc_name) == ("tcp://10.0.0.5:5001", "tcp://10.0.0.5:7000")
+def test_port_args_stay_ipc_in_a_private_directory_with_attention_dp():
+    """Upstream switches to TCP with attention-DP; here `--attn-dp-size` has no effect, so it must
+    not open network ports (issue 51): every channel stays ipc in the server's 0700 directory.
+    A malformed `--dist-init-addr` still gets upstream's error."""
+    import os
+
+    for p in (PortArgs.init_new(ServerArgs(attn_dp_size=2, port=30000)),
+              PortArgs.init_new(ServerArgs(attn_dp_size=2), dp_rank=1),
+              PortArgs.init_new(ServerArgs(attn_dp_size=2, dist_init_addr="10.0.0.5:5000"), dp_rank=0, worker_ports=[7000])):
+        names = [p.tokenizer_ipc_name, p.scheduler_input_ipc_name, p.detokenizer_ipc_name, p.rpc_ipc_name,
+                 p.metrics_ipc_name, p.load_collector_ipc_name]
+        assert all(n.startswith(f"ipc://{p.ipc_dir}/") for n in names) and len(set(names)) == len(names)
+        assert os.stat(p.ipc_dir).st_mode & 0o777 == 0o700
     with pytest.raises(ValueError, match="Missing port"):
         PortArgs.init_new(ServerArgs(attn_dp_size=2, dist_init_addr="192.168.1.1"))
     with pytest.raises(ValueError):

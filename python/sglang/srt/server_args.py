@@ -16,9 +16,12 @@ Importing this module is cheap (no torch): the CLI checker and launchers import 
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import dataclasses
 import logging
+import os
+import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -41,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ServerArgs", "PortArgs", "prepare_server_args", "ServerArgsAssertionError", "ZMQ_TCP_PORT_DELTA"]
 
-ZMQ_TCP_PORT_DELTA = 233
+ZMQ_TCP_PORT_DELTA = 233  # upstream's TCP port offset for attention-DP channels; this server never uses TCP for them
 
 FALLBACK_SOURCE = "fallback"
 # Never echoed back: the start-up log line and /server_info show REDACTED instead.
@@ -311,13 +314,28 @@ def prepare_server_args(argv: Optional[Sequence[str]] = None, prog: str = "sglan
 # --------------------------------------------------------------------------------------------
 
 
-def _ipc_name() -> str:
-    return f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"
+def _private_ipc_dir() -> str:
+    """A fresh directory only this user can enter (mkdtemp makes it 0700), for one server's ipc
+    sockets: another local user can neither connect to them nor swap them. The process that
+    created it removes it at exit (also `EngineProcesses.shutdown`, earlier)."""
+    path = tempfile.mkdtemp(prefix="sglang-ipc-")
+    atexit.register(_remove_ipc_dir, path, os.getpid())
+    return path
+
+
+def _remove_ipc_dir(path: str, owner_pid: Optional[int] = None) -> None:
+    if owner_pid is not None and os.getpid() != owner_pid:  # a forked child: not its directory
+        return
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclasses.dataclass
 class PortArgs:
-    """The ZMQ endpoints and the NCCL port that the server's processes use to talk to each other."""
+    """The ZMQ endpoints and the NCCL port that the server's processes use to talk to each other.
+
+    Always `ipc://` sockets in `ipc_dir`, a private directory of this server (upstream switches
+    to TCP with attention-DP; this server runs one scheduler on one host, where `--attn-dp-size`
+    has no effect, and a flag without effect must not open a network port)."""
 
     tokenizer_ipc_name: str
     scheduler_input_ipc_name: str
@@ -329,44 +347,29 @@ class PortArgs:
     decoupled_spec_ipc_config: Optional[Any] = None
     load_collector_ipc_name: str = ""
     instance_id: str = ""
+    ipc_dir: str = ""
 
     @staticmethod
     def init_new(
         server_args: ServerArgs, dp_rank: Optional[int] = None, worker_ports: Optional[List[int]] = None
     ) -> "PortArgs":
+        """`dp_rank` and `worker_ports` are upstream's (attention-DP over TCP) and change nothing here."""
+        if server_args.attn_dp_size > 1 and server_args.dist_init_addr is not None:
+            split_host_port(server_args.dist_init_addr)  # upstream's error for a malformed address
         nccl_port = server_args.nccl_port or get_free_port_below_ephemeral()
-        tokenizer_worker_ipc_name = None if server_args.tokenizer_worker_num == 1 else _ipc_name()
-        if server_args.attn_dp_size <= 1:
-            return PortArgs(
-                tokenizer_ipc_name=_ipc_name(),
-                scheduler_input_ipc_name=_ipc_name(),
-                detokenizer_ipc_name=_ipc_name(),
-                nccl_port=nccl_port,
-                rpc_ipc_name=_ipc_name(),
-                metrics_ipc_name=_ipc_name(),
-                tokenizer_worker_ipc_name=tokenizer_worker_ipc_name,
-            )
-        # Attention-DP: the DP controller and schedulers may live on other nodes, so TCP.
-        if server_args.dist_init_addr is None:
-            host, port = "127.0.0.1", server_args.port + ZMQ_TCP_PORT_DELTA
-        else:
-            host, port = split_host_port(server_args.dist_init_addr)
-        if is_valid_ipv6_address(host):
-            host = f"[{host}]"
-        base = port + 1
-        if dp_rank is None:
-            scheduler_input_port = base + 4
-        elif worker_ports is not None:
-            scheduler_input_port = worker_ports[dp_rank]
-        else:
-            scheduler_input_port = base + 4 + 1 + dp_rank
+        d = _private_ipc_dir()
+
+        def ipc(name: str) -> str:
+            return f"ipc://{os.path.join(d, name)}"
+
         return PortArgs(
-            tokenizer_ipc_name=f"tcp://{host}:{base}",
-            scheduler_input_ipc_name=f"tcp://{host}:{scheduler_input_port}",
-            detokenizer_ipc_name=f"tcp://{host}:{base + 1}",
+            tokenizer_ipc_name=ipc("tokenizer"),
+            scheduler_input_ipc_name=ipc("scheduler_input"),
+            detokenizer_ipc_name=ipc("detokenizer"),
             nccl_port=nccl_port,
-            rpc_ipc_name=f"tcp://{host}:{base + 2}",
-            metrics_ipc_name=f"tcp://{host}:{base + 3}",
-            tokenizer_worker_ipc_name=tokenizer_worker_ipc_name,
-            load_collector_ipc_name=f"tcp://{host}:{base + 5}",
+            rpc_ipc_name=ipc("rpc"),
+            metrics_ipc_name=ipc("metrics"),
+            tokenizer_worker_ipc_name=None if server_args.tokenizer_worker_num == 1 else ipc("tokenizer_worker"),
+            load_collector_ipc_name=ipc("load_collector"),
+            ipc_dir=d,
         )

@@ -64,15 +64,20 @@ class EngineProcesses:
 
 
 def _remove_ipc_files(port_args) -> None:
+    """The socket files and the server's private ipc directory (`PortArgs.ipc_dir`)."""
     import os
+    import shutil
 
-    for name in ("tokenizer_ipc_name", "scheduler_input_ipc_name", "detokenizer_ipc_name", "rpc_ipc_name", "metrics_ipc_name"):
+    for name in ("tokenizer_ipc_name", "scheduler_input_ipc_name", "detokenizer_ipc_name", "rpc_ipc_name",
+                 "metrics_ipc_name", "tokenizer_worker_ipc_name", "load_collector_ipc_name"):
         val = getattr(port_args, name, None)
         if isinstance(val, str) and val.startswith("ipc://"):
             try:
                 os.unlink(val[len("ipc://") :])
             except OSError:
                 pass
+    if getattr(port_args, "ipc_dir", ""):
+        shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
 
 
 def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineProcesses:
@@ -82,9 +87,11 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.scheduler_process import run_scheduler_process
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.managers.internal_channel import internal_codec
     from sglang.srt.server_args import PortArgs
     from sglang.srt.utils.heartbeat import Heartbeat
 
+    internal_codec()  # a bad SGLANG_INTERNAL_SECRET fails here, before any process starts
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")

@@ -103,6 +103,16 @@ class IncrementalDetokenizer:
         return st.decoded_text
 
 
+def _handle_contained(detok: IncrementalDetokenizer, msg: BatchTokenIDOutput) -> Optional[BatchStrOutput]:
+    """`detok.handle(msg)`; a message it cannot even take apart (its lists do not line up) is
+    logged and dropped instead of ending the process. (Errors of one request are handled inside.)"""
+    try:
+        return detok.handle(msg)
+    except Exception:  # noqa: BLE001
+        logger.exception("The detokenizer dropped a malformed BatchTokenIDOutput")
+        return None
+
+
 def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_parent: bool = False,
                             tokenizer=None) -> None:
     """Subprocess entry: PULL BatchTokenIDOutput from the scheduler, PUSH BatchStrOutput to the tokenizer manager.
@@ -119,22 +129,28 @@ def run_detokenizer_process(server_args, port_args, ready_pipe=None, notify_pare
         from sglang.srt.managers.tokenizer_loading import load_tokenizer
 
         tokenizer = load_tokenizer(server_args)
+    from sglang.srt.managers.internal_channel import bind_private, recv_msg, send_msg
+
     detok = IncrementalDetokenizer(tokenizer)
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)
-    recv.bind(port_args.detokenizer_ipc_name)
+    bind_private(recv, port_args.detokenizer_ipc_name)
     send = ctx.socket(zmq.PUSH)
     send.connect(port_args.tokenizer_ipc_name)
     if ready_pipe is not None:
         ready_pipe.send("ready")
     try:
         while True:
-            msg = recv.recv_pyobj()
+            msg = recv_msg(recv, "detokenizer input")
+            if msg is None:  # not one of our messages: dropped (and logged)
+                continue
             if isinstance(msg, BatchTokenIDOutput):
                 if msg.rids:
-                    send.send_pyobj(detok.handle(msg))
+                    out = _handle_contained(detok, msg)
+                    if out is not None:
+                        send_msg(send, out)
             else:
-                send.send_pyobj(msg)  # control replies pass through
+                send_msg(send, msg)  # control replies pass through
     except SystemExit:  # SIGTERM from the parent: a normal shutdown
         from sglang.srt.utils.process import exit_after_cleanup
 

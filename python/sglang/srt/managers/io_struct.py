@@ -1,8 +1,9 @@
 """(Shared by all three processes.) Typed messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
 
-They travel pickled over ZMQ. `GenerateReqInput` is also the request object of `/generate`
-and `Engine.generate`; `normalize_batch_and_arguments` says whether it is one prompt or a batch,
-and `managers/request_expansion.py` turns it into one entry per (prompt, sample) pair.
+They travel over ZMQ as msgpack, never pickled (`managers/internal_channel.py` lists the ones
+that may). `GenerateReqInput` is also the request object of `/generate` and `Engine.generate`;
+`normalize_batch_and_arguments` says whether it is one prompt or a batch, and
+`managers/request_expansion.py` turns it into one entry per (prompt, sample) pair.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import traceback
 
 from sglang.srt.utils.heartbeat import Heartbeat
 from sglang.srt.utils.process import notify_parent_and_exit
+from sglang.srt.managers.internal_channel import bind_private, recv_msg, send_msg
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReqInput,
@@ -58,7 +59,7 @@ class SchedulerLoop:
         self.stall_file = os.environ.get("SGLANG_TEST_SCHEDULER_STALL_FILE") or None
         self.ctx = zmq.Context(2)
         self.recv_from_tokenizer = self.ctx.socket(zmq.PULL)
-        self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+        bind_private(self.recv_from_tokenizer, port_args.scheduler_input_ipc_name)
         # Outputs and control replies both go through the detokenizer, which keeps them in order.
         self.send_to_detokenizer = self.ctx.socket(zmq.PUSH)
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
@@ -78,9 +79,11 @@ class SchedulerLoop:
             self.poller.poll(timeout=wait_ms)
         while True:
             try:
-                msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
+                msg = recv_msg(self.recv_from_tokenizer, "scheduler input", zmq.NOBLOCK)
             except zmq.Again:
                 return msgs
+            if msg is not None:  # None: a frame that is not one of our messages, dropped
+                msgs.append(msg)
 
     def take_messages(self) -> None:
         """Handles every message waiting now (the scheduler calls it mid-step, after waiting for its turn)."""
@@ -107,9 +110,9 @@ class SchedulerLoop:
         elif isinstance(msg, RejectedRequest):
             s.reject_rooms(msg.bootstrap_host, msg.bootstrap_port, msg.bootstrap_rooms, msg.message, msg.status_code)
         elif isinstance(msg, FlushCacheReqInput):
-            self.send_to_detokenizer.send_pyobj(FlushCacheReqOutput(success=s.flush_cache()))
+            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=s.flush_cache()))
         elif isinstance(msg, GetInternalStateReq):
-            self.send_to_detokenizer.send_pyobj(GetInternalStateReqOutput(internal_state=s.internal_state()))
+            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state=s.internal_state()))
         else:
             logger.warning("Scheduler got an unknown message: %r", type(msg))
 
@@ -118,9 +121,9 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedGenerateReqInput):
             s.reject_request(msg, f"Internal server error while adding the request: {type(exc).__name__}: {exc}")
         elif isinstance(msg, FlushCacheReqInput):
-            self.send_to_detokenizer.send_pyobj(FlushCacheReqOutput(success=False))
+            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=False))
         elif isinstance(msg, GetInternalStateReq):
-            self.send_to_detokenizer.send_pyobj(GetInternalStateReqOutput(internal_state={"error": repr(exc)}))
+            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state={"error": repr(exc)}))
 
     def _wait_ms(self) -> int:
         """How long to wait for a message before the next step: up to a second with nothing to do;
@@ -166,7 +169,7 @@ class SchedulerLoop:
     def send_outputs(self, outs) -> None:
         for out in outs:
             if out.rids:
-                self.send_to_detokenizer.send_pyobj(out)
+                send_msg(self.send_to_detokenizer, out)
 
     def run_forever(self) -> None:
         while True:

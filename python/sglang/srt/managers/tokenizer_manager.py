@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
+from sglang.srt.managers.internal_channel import bind_private, recv_msg_async, send_msg
 from sglang.srt.managers.io_struct import (
     NOT_EMBEDDING_MODEL,
     NOT_GENERATION_MODEL,
@@ -86,7 +87,7 @@ class TokenizerManager:
         self._token_texts: Dict[int, Optional[str]] = {}
         self.ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = self.ctx.socket(zmq.PULL)
-        self.recv_from_detokenizer.bind(port_args.tokenizer_ipc_name)
+        bind_private(self.recv_from_detokenizer, port_args.tokenizer_ipc_name)
         self.send_to_scheduler = self.ctx.socket(zmq.PUSH)
         self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
         self.rid_to_state: Dict[str, ReqState] = {}
@@ -148,8 +149,8 @@ class TokenizerManager:
             if isinstance(e.bootstrap_host, str) and isinstance(e.bootstrap_room, int):
                 by_host.setdefault((e.bootstrap_host, e.bootstrap_port), []).append(e.bootstrap_room)
         for (host, port), rooms in by_host.items():
-            self.send_to_scheduler.send_pyobj(RejectedRequest(host, port if isinstance(port, int) else None, rooms,
-                                                              message, 400))
+            send_msg(self.send_to_scheduler,
+                     RejectedRequest(host, port if isinstance(port, int) else None, rooms, message, 400))
 
     def _register(self, entries, tokenized, group) -> List[ReqState]:
         seen = set()
@@ -162,7 +163,12 @@ class TokenizerManager:
             state = ReqState(obj=e, group=group, input_len=len(t.input_ids))
             self.rid_to_state[t.rid] = state
             states.append(state)
-        self.send_to_scheduler.send_pyobj(tokenized if len(tokenized) > 1 else tokenized[0])
+        try:
+            send_msg(self.send_to_scheduler, tokenized if len(tokenized) > 1 else tokenized[0])
+        except Exception:  # e.g. a value the channel cannot encode: nothing was sent, forget it all
+            for t in tokenized:
+                self.rid_to_state.pop(t.rid, None)
+            raise
         for e, t in zip(entries, tokenized):
             if self.metrics is not None and e.log_metrics:  # health checks are not requests
                 self.metrics.on_request_start(t.rid, len(t.input_ids))
@@ -176,7 +182,7 @@ class TokenizerManager:
         for st in states:
             rid = st.obj.rid
             if not st.finished and rid in self.rid_to_state:
-                self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
+                send_msg(self.send_to_scheduler, AbortReq(rid=rid))
             self.rid_to_state.pop(rid, None)
 
     async def _wait_one(self, state: ReqState, request=None) -> AsyncIterator[dict]:
@@ -244,11 +250,11 @@ class TokenizerManager:
         """Aborts the sequence `rid`, or every sequence of the request the client called `rid`
         (a batch or `n > 1` has rids `rid_0 ... rid_{k}`); exact matches only."""
         if abort_all:
-            self.send_to_scheduler.send_pyobj(AbortReq(rid="", abort_all=True))
+            send_msg(self.send_to_scheduler, AbortReq(rid="", abort_all=True))
             return
         for r, st in list(self.rid_to_state.items()):
             if r == rid or (st.group is not None and st.group == rid):
-                self.send_to_scheduler.send_pyobj(AbortReq(rid=r))
+                send_msg(self.send_to_scheduler, AbortReq(rid=r))
 
     # --- outputs back --------------------------------------------------------------------------------
     def auto_create_handle_loop(self) -> None:
@@ -262,7 +268,9 @@ class TokenizerManager:
                     self._on_scheduler_death()
                     return
                 continue
-            msg = await self.recv_from_detokenizer.recv_pyobj()
+            msg = await recv_msg_async(self.recv_from_detokenizer, "tokenizer input")
+            if msg is None:  # not one of our messages: dropped (and logged)
+                continue
             try:
                 if isinstance(msg, BatchStrOutput):
                     self._handle_batch_output(msg)
@@ -288,7 +296,7 @@ class TokenizerManager:
         st.out_list.append(self._abort_output(rid, st, message, status_code))
         st.finished = True
         st.event.set()
-        self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
+        send_msg(self.send_to_scheduler, AbortReq(rid=rid))
 
     def _abort_output(self, rid, st, message, status_code) -> dict:
         return {
@@ -334,7 +342,7 @@ class TokenizerManager:
                 if reason.get("type") == "abort" and reason.get("status_code") == 500:
                     # e.g. the detokenizer failed it: make sure the scheduler stops it too (a no-op
                     # when the scheduler is the one that ended it).
-                    self.send_to_scheduler.send_pyobj(AbortReq(rid=rid))
+                    send_msg(self.send_to_scheduler, AbortReq(rid=rid))
                 if st.obj.log_metrics:
                     self._count_finished(out, i)
                 if self.metrics is not None and st.obj.log_metrics:
@@ -402,7 +410,7 @@ class TokenizerManager:
         self.auto_create_handle_loop()
         fut = asyncio.get_event_loop().create_future()
         self.control_waiters.setdefault(reply_type, []).append(fut)
-        self.send_to_scheduler.send_pyobj(req)
+        send_msg(self.send_to_scheduler, req)
         return await asyncio.wait_for(fut, timeout)
 
     async def flush_cache(self) -> FlushCacheReqOutput:
