@@ -97,6 +97,10 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
+        # The port a firewall must keep to the PD peers (it is random): say where it is.
+        logger.info("PD KV control frames (%s side) on tcp://%s:%d, %s", disaggregation_mode.name.lower(),
+                    self._zmq_host(self.local_ip), self.rank_port,
+                    "authenticated" if self.secret is not None else "UNAUTHENTICATED")
 
         if disaggregation_mode == DisaggregationMode.PREFILL:
             self._init_prefill()

@@ -109,6 +109,12 @@ def _peer_cred(sock: socket.socket) -> Tuple[int, int, int]:
     return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
 
 
+def identity_answer(token_addr: int, token: bytes, regions: np.ndarray) -> bytes:
+    """What a decode's identity socket says: where its token is, the token, its buffers."""
+    regions = np.asarray(regions, dtype=np.uint64).reshape(-1, 2)
+    return _ANSWER_HEAD.pack(_ANSWER_MAGIC, token_addr, len(regions)) + token + regions.astype("<u8").tobytes()
+
+
 class HostIdentity:
     """The decode side: the token this process keeps (alive as long as the manager), the buffers
     (pointer, length) a same-host prefill may write, and the socket that tells a prefill of the
@@ -131,8 +137,7 @@ class HostIdentity:
         return f"uds:{self.name}".encode("ascii")
 
     def answer(self) -> bytes:
-        return (_ANSWER_HEAD.pack(_ANSWER_MAGIC, self.token.ctypes.data, len(self.regions)) + self.token.tobytes()
-                + self.regions.astype("<u8").tobytes())
+        return identity_answer(self.token.ctypes.data, self.token.tobytes(), self.regions)
 
     def _serve(self) -> None:
         while not self._stop.is_set():
