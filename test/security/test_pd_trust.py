@@ -192,8 +192,7 @@ def test_a_client_bootstrap_host_that_is_no_prefill_is_refused_without_connectin
         assert f"bootstrap_host 127.0.0.2:{listener.port} is not a prefill server" in error_message(r)
         r = chat(pd["decode"], **pd_fields)
         assert r.status_code == 400 and "is not a prefill server" in error_message(r), r.text
-        # the client's bootstrap_port too: loopback is allowed by default, on any port, but the
-        # listener must not be reached through another spelling of its host
+        # nor through another spelling of the same host
         r = chat(pd["decode"], **{**pd_fields, "bootstrap_host": "[127.0.0.2]"})
         assert r.status_code == 400, r.text
         time.sleep(2)  # the refusal is told to the "prefill" only when it is allowed: never here
