@@ -4,6 +4,7 @@ prefill and decode servers (Mooncake over TCP on loopback): every route it serve
 single plain server gives, and a dead backend must give an error status at once, not a hang."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import pytest
 import requests
 
+from sglang.srt.disaggregation import pd_auth
 from sglang.srt.router.mini_lb import build_prefill_configs, get_request_batch_size, inject_bootstrap
 from sglang.test.pd_utils import find_free_port, stop_server
 from sglang.test.server_utils import wait_for_health
@@ -25,7 +27,7 @@ def url(port):
     return f"http://127.0.0.1:{port}"
 
 
-def launch_lb(port, prefills=(), decodes=(), bootstrap_ports=(), log_path=None):
+def launch_lb(port, prefills=(), decodes=(), bootstrap_ports=(), log_path=None, secret=None):
     cmd = [sys.executable, "-m", "sglang.srt.disaggregation.mini_lb", "--host", "127.0.0.1", "--port", str(port)]
     if prefills:
         cmd += ["--prefill", *prefills]
@@ -34,7 +36,8 @@ def launch_lb(port, prefills=(), decodes=(), bootstrap_ports=(), log_path=None):
     if bootstrap_ports:
         cmd += ["--prefill-bootstrap-ports", *map(str, bootstrap_ports)]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    env = {**os.environ, pd_auth.SECRET_ENV: secret} if secret else None
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         wait_for_health(url(port), timeout=30, process=proc)
     except BaseException:
@@ -186,16 +189,22 @@ def test_info_and_control_routes(cluster):
 @pytest.mark.server
 def test_register_adds_servers_and_empty_lb_answers_503(cluster):
     port = find_free_port()
-    lb = launch_lb(port, log_path=str(cluster["logs"] / "lb_empty.log"))
+    secret = pd_auth.generate_secret()
+    lb = launch_lb(port, log_path=str(cluster["logs"] / "lb_empty.log"), secret=secret)
+
+    def register(reg, key=secret.encode()):  # signed with the deployment secret, as a server would
+        body = json.dumps(reg).encode()
+        return requests.post(url(port) + "/register", data=body, timeout=10,
+                             headers=pd_auth.signed_headers(key, "POST /register", body))
+
     try:
         r = requests.get(url(port) + "/model_info", timeout=10)
         assert r.status_code == 503 and r.json()["detail"] == "There is no server registered"
         assert requests.post(url(port) + "/generate", json={"text": "x"}, timeout=10).status_code == 503
-        r = requests.post(url(port) + "/register", json={"mode": "neither", "registry_url": "http://x:1"}, timeout=10)
-        assert r.status_code == 400
+        assert register({"mode": "neither", "registry_url": "http://x:1"}).status_code == 400
         for reg in ({"mode": "prefill", "registry_url": url(cluster["prefill"]), "bootstrap_port": cluster["boot"]},
                     {"mode": "decode", "registry_url": url(cluster["decode"])}):
-            assert requests.post(url(port) + "/register", json=reg, timeout=10).status_code == 200
+            assert register(reg).status_code == 200
         body = {"text": PROMPTS[2], "sampling_params": GREEDY}
         assert generate(port, body)["text"] == generate(cluster["plain"], body)["text"]
     finally:

@@ -12,11 +12,17 @@ Routes:
   the prefill server info; otherwise that rank's `{rank_ip, rank_port}`.
 * `POST /register_dp_rank`, `POST /query_dp_ranks`: room -> prefill DP rank (entries expire).
 * `GET /health`: the decode heartbeat.
+
+Trust (pd_auth.py): with `SGLANG_DISAGGREGATION_SECRET`, `PUT /route` and `POST /register_dp_rank`
+need a valid `X-SGLang-PD-Signature` (else 401, nothing changes) and `GET /route` answers are
+signed for the decode side to check. Without it a rank's entry, once registered, can only be
+replaced from the address that registered it (a restarted prefill registers from the same host).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -25,6 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from aiohttp import web
 
+from sglang.srt.disaggregation import pd_auth
 from sglang.srt.disaggregation.base import BaseKVBootstrapServer
 
 logger = logging.getLogger(__name__)
@@ -33,9 +40,13 @@ _ROUTE_QUERY_KEYS = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "ta
 
 
 class KVBootstrapServer(BaseKVBootstrapServer):
-    def __init__(self, host: str, port: int, start: bool = True):
+    def __init__(self, host: str, port: int, start: bool = True, secret: Optional[bytes] = None):
         self.host = host
         self.port = int(port)
+        self.secret = secret if secret is not None else pd_auth.secret_from_env()
+        pd_auth.warn_if_unauthenticated(self.secret, "PD bootstrap server")
+        self.refusals = pd_auth.RateLimitedLog()
+        self.registrants: Dict[tuple, str] = {}  # (dp, cp, tp, pp) -> the address that registered it
         # prefill_port_table[dp_group][cp_rank][tp_rank][pp_rank] = {"rank_ip", "rank_port"}
         self.prefill_port_table: Dict[int, Dict[int, Dict[int, Dict[int, Dict[str, Any]]]]] = {}
         self.topology: Optional[Dict[str, Any]] = None
@@ -115,7 +126,22 @@ class KVBootstrapServer(BaseKVBootstrapServer):
             return -1
         return t["dp_size"] * t["attn_cp_size"] * t["attn_tp_size"] * t["pp_size"]
 
+    async def _refuse_unsigned(self, request: web.Request, what: str) -> Optional[web.Response]:
+        """401 for a request that does not carry the deployment secret's signature (None: go on)."""
+        if self.secret is None:
+            return None
+        body = await request.read()
+        if pd_auth.verify_http(self.secret, what, body, request.headers.get(pd_auth.SIGNATURE_HEADER)):
+            return None
+        self.refusals.warning(what, "Bootstrap server refused %s from %s: no valid %s", what, request.remote,
+                              pd_auth.SIGNATURE_HEADER)
+        return web.Response(text=f"{what} needs the deployment secret: no valid {pd_auth.SIGNATURE_HEADER} "
+                                 f"(set the same {pd_auth.SECRET_ENV} on every PD server)", status=401)
+
     async def _handle_route_put(self, request: web.Request) -> web.Response:
+        refused = await self._refuse_unsigned(request, "PUT /route")
+        if refused is not None:
+            return refused
         try:
             data = await request.json()
             rank_ip = str(data["rank_ip"])
@@ -149,6 +175,15 @@ class KVBootstrapServer(BaseKVBootstrapServer):
                 if g("decode_allocation_policy", None) != self.topology["decode_allocation_policy"]:
                     return web.Response(text="Inconsistent prefill allocation policies", status=400)
             dp_group = attn_dp_rank if system_dp_size == 1 else system_dp_rank
+            key = (dp_group, attn_cp_rank, attn_tp_rank, pp_rank)
+            first = self.registrants.setdefault(key, str(request.remote))
+            if self.secret is None and first != str(request.remote):
+                # No secret: the address that registered a rank is the only one that may move it.
+                self.refusals.warning("PUT /route owner", "Bootstrap server refused PUT /route for rank %s from %s: "
+                                      "registered from %s", key, request.remote, first)
+                return web.Response(text=f"Prefill rank dp={dp_group} cp={attn_cp_rank} tp={attn_tp_rank} pp={pp_rank} "
+                                         f"is already registered from another address", status=403)
+            self.registrants[key] = str(request.remote)
             table = self.prefill_port_table.setdefault(dp_group, {}).setdefault(attn_cp_rank, {}).setdefault(attn_tp_rank, {})
             table[pp_rank] = {"rank_ip": rank_ip, "rank_port": rank_port}
         logger.debug("Registered prefill rank dp=%s cp=%s tp=%s pp=%s at %s:%s", dp_group, attn_cp_rank, attn_tp_rank, pp_rank, rank_ip, rank_port)
@@ -188,14 +223,23 @@ class KVBootstrapServer(BaseKVBootstrapServer):
                 for k in ("kv_layout", "dsv41_spec_layout"):
                     if t[k] is not None:
                         info[k] = t[k]
-                return web.json_response(info)
+                return self._signed_json(request, info)
             entry = self.prefill_port_table.get(dp_rank, {}).get(cp_rank, {}).get(tp_rank, {}).get(pp_rank)
         if entry is None:
             return web.Response(
                 text=f"Bootstrap info not found for dp_rank={dp_rank} cp_rank={cp_rank} tp_rank={tp_rank} pp_rank={pp_rank}",
                 status=404,
             )
-        return web.json_response(dict(entry))
+        return self._signed_json(request, dict(entry))
+
+    def _signed_json(self, request: web.Request, obj) -> web.Response:
+        """The answer, signed when there is a secret: the decode side registers its buffers only
+        with an endpoint that a holder of the secret named."""
+        body = json.dumps(obj).encode("utf-8")
+        headers = {}
+        if self.secret is not None:
+            headers[pd_auth.SIGNATURE_HEADER] = pd_auth.sign_http(self.secret, f"GET {request.path_qs}", body)
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     def _cleanup_room_entries(self, now: float) -> None:
         expired = [room for room, (_, ts) in self.room_to_dp_rank.items() if now - ts > self.entry_cleanup_interval]
@@ -203,6 +247,9 @@ class KVBootstrapServer(BaseKVBootstrapServer):
             del self.room_to_dp_rank[room]
 
     async def _handle_register_dp_rank(self, request: web.Request) -> web.Response:
+        refused = await self._refuse_unsigned(request, "POST /register_dp_rank")
+        if refused is not None:
+            return refused
         try:
             data = await request.json()
             room, dp_rank = int(data["bootstrap_room"]), int(data["dp_rank"])

@@ -28,6 +28,7 @@ import torch
 
 from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT
 from sglang.srt.core.req import Req
+from sglang.srt.disaggregation.pd_auth import BootstrapHostPolicy
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, decode_failure, kv_to_page_indices
 from sglang.srt.managers.schedule_policy import match_prefix
 from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
@@ -55,6 +56,7 @@ class DecodeRole(ServerRole):
         self.retracted_queue: List[Req] = []
         self.radix_hit_tokens = 0  # prompt tokens reused from this server's radix tree, not received
         self.num_transfer_failures = 0
+        self.bootstrap_hosts = BootstrapHostPolicy(config.host)  # the tokenizer checks too; never trust one process
         self.kv_manager = None
         self.metadata_buffers = None
         self.metadata_allocator = None
@@ -93,7 +95,13 @@ class DecodeRole(ServerRole):
                                         "BadRequestError")
             self.s.finish_unscheduled(req)
             return
-        addr = _bootstrap_addr(host, recv.bootstrap_port or self.bootstrap_port)
+        port = recv.bootstrap_port or self.bootstrap_port
+        problem = self.bootstrap_hosts.problem(host, port)
+        if problem is not None:
+            req.to_abort = FINISH_ABORT(problem, 400, "BadRequestError")
+            self.s.finish_unscheduled(req)
+            return
+        addr = _bootstrap_addr(host, port)
         try:
             req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
             req.kv_receiver.init(0)
@@ -112,7 +120,10 @@ class DecodeRole(ServerRole):
         tell its prefill server, which would otherwise wait for our metadata until its bootstrap timeout."""
         if self._is_fake(host) or host is None or room is None:
             return
-        addr = _bootstrap_addr(host, port or self.bootstrap_port)
+        port = port or self.bootstrap_port
+        if self.bootstrap_hosts.problem(host, port) is not None:
+            return  # never connect to a host a client named that is not an allowed prefill
+        addr = _bootstrap_addr(host, port)
         try:
             receiver = self.receiver_cls(self.kv_manager, addr, room)
             receiver.abort()  # delivered once the prefill's rank is resolved

@@ -18,6 +18,11 @@ unless the variable is set; empty: no turns). Measured on 2 cores (benchmark/RES
 sharing by turns serves more than a split and prefills sooner, the split streams each token
 faster (decode alone on its core, never behind a prefill): "0|1" chooses it.
 
+Trust: launch_pd gives its members one secret through the environment
+(`SGLANG_DISAGGREGATION_SECRET`, generated unless set) that authenticates the bootstrap registration
+and the KV control frames, and limits the decode server's `bootstrap_host` to this deployment's
+bootstrap server (`SGLANG_DISAGGREGATION_BOOTSTRAP_HOSTS`); see `sglang.srt.disaggregation.pd_auth`.
+
 The prefill server gets `--optimistic-prefill-attempts 1` unless the flags set it: a prompt is
 prefilled while the decode server takes the request in and reserves its KV slots, not after
 (`sglang.srt.disaggregation.prefill`).
@@ -103,6 +108,20 @@ def turns_env(environ: Mapping[str, str], cores: Mapping[str, str], directory: s
     if TURNS_ENV in environ or not cores_overlap(cores["prefill"], cores["decode"]):
         return {}
     return {TURNS_ENV: os.path.join(directory, "compute_turns")}
+
+
+def trust_env(environ: Mapping[str, str], args) -> Dict[str, Dict[str, str]]:
+    """Per member, the environment that makes the deployment trust only itself (pd_auth.py): one
+    shared secret (the user's SGLANG_DISAGGREGATION_SECRET when set, so that servers started by
+    hand can join; else a fresh one), through the environment, never argv, which `ps` shows; and a
+    decode server that connects for KV only to this deployment's bootstrap server, unless the
+    user chose SGLANG_DISAGGREGATION_BOOTSTRAP_HOSTS."""
+    from sglang.srt.disaggregation import pd_auth
+
+    secret = {pd_auth.SECRET_ENV: environ.get(pd_auth.SECRET_ENV) or pd_auth.generate_secret()}
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    hosts = {} if pd_auth.BOOTSTRAP_HOSTS_ENV in environ else {pd_auth.BOOTSTRAP_HOSTS_ENV: f"{host}:{args.bootstrap_port}"}
+    return {"prefill": dict(secret), "decode": {**secret, **hosts}, "router": dict(secret)}
 
 
 def check_role(flags: List[str]) -> None:
@@ -242,13 +261,15 @@ def main(argv: Sequence[str] = None) -> int:
     # The web page of each server sends its chat through the router (a PD server alone cannot
     # serve a request) and shows its own server's state.
     web_env = {WEB_API_BASE_ENV: f"{base}:{args.port}"}
+    trust = trust_env(os.environ, args)
     members = [
         Member(role, [sys.executable, "-m", "sglang.launch_server", *roles[role]],
                f"{base}:{args.prefill_port if role == 'prefill' else args.decode_port}", args.startup_timeout,
-               wait_healthy, env={**os.environ, ENV: cores[role], **turns, **web_env})
+               wait_healthy, env={**os.environ, ENV: cores[role], **turns, **web_env, **trust[role]})
         for role in ("prefill", "decode")
     ]
-    members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy))
+    members.append(Member("router", router_cmd(args), f"{base}:{args.port}", 120, wait_healthy,
+                          env={**os.environ, **trust["router"]}))
     deployment = Deployment(members, max_restarts=args.max_restarts)
 
     def on_signal(signum, frame):

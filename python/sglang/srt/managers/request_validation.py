@@ -13,6 +13,7 @@ import itertools
 import logging
 from typing import List, Optional
 
+from sglang.srt.disaggregation.pd_auth import BootstrapHostPolicy
 from sglang.srt.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from sglang.srt.managers.request_limits import RequestLimits, clip
 
@@ -38,6 +39,9 @@ class RequestValidator:
         # PD with the fake backend: rooms are local counters (`next` on a count is atomic, and
         # requests are validated on several worker threads).
         self._fake_bootstrap_rooms = itertools.count()
+        # A decode server connects to bootstrap_host: only to the prefill hosts it may reach (SSRF).
+        self.bootstrap_hosts = (BootstrapHostPolicy(server_args.host)
+                                if self.disagg_mode == "decode" and not self.fake_transfer else None)
 
     def validate_and_tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -195,6 +199,10 @@ class RequestValidator:
             )
         if not local and obj.bootstrap_room is None:
             raise ValueError("bootstrap_room is required when bootstrap_host is set (the router adds both).")
+        if not local and self.bootstrap_hosts is not None:
+            problem = self.bootstrap_hosts.problem(host, port or self.server_args.disaggregation_bootstrap_port)
+            if problem is not None:
+                raise ValueError(problem)
 
 
 def _combine_extra_key(extra_key, cache_salt):

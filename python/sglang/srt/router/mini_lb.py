@@ -1,7 +1,7 @@
 """A minimal HTTP load balancer in front of PD-disaggregated prefill and decode servers.
 
     python -m sglang.srt.router.mini_lb --prefill http://P:30100 --decode http://D:30200 \
-        --prefill-bootstrap-ports 8998 [--host 0.0.0.0] [--port 8000]
+        --prefill-bootstrap-ports 8998 [--host 127.0.0.1] [--port 8000]
 
 Why it exists: a PD deployment needs something in front that sends every request to one
 prefill *and* one decode server and tells both how to find each other. The production choice is
@@ -14,7 +14,10 @@ URL's hostname), `bootstrap_port` and a fresh random `bootstrap_room` (lists for
 server's response. With `return_logprob`, the prefill's `input_token_logprobs` are prepended to
 the decode's, because only the prefill server saw the prompt.
 
-Unlike the upstream script, a backend that cannot be reached (or that fails first) ends the
+Unlike the upstream script, it binds 127.0.0.1 by default and `POST /register` needs the
+deployment secret (`SGLANG_DISAGGREGATION_SECRET`, an `X-SGLang-PD-Signature` HMAC over the body,
+`sglang.srt.disaggregation.pd_auth.signed_headers(secret, "POST /register", body)`): without a
+secret it is refused. And a backend that cannot be reached (or that fails first) ends the
 request with a JSON error right away instead of an exception or a hang: the other leg's
 connection is closed, which makes our servers abort that request.
 """
@@ -37,6 +40,8 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
+
+from sglang.srt.disaggregation import pd_auth
 
 # Streams are read in 64 KiB pieces: aiohttp's line reader fails with "Chunk too big" on long events.
 AIOHTTP_STREAM_READ_CHUNK_SIZE = 1024 * 64
@@ -175,6 +180,7 @@ class MiniLoadBalancer:
         self.prefill_configs = list(prefill_configs)
         self.decode_servers = list(decode_servers)
         self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT_S)
+        self.secret = pd_auth.secret_from_env()  # signs /register (pd_auth.py); None: /register refused
         self._session: Optional[aiohttp.ClientSession] = None
 
     @property
@@ -445,7 +451,21 @@ def create_app(lb: MiniLoadBalancer) -> FastAPI:
         return await forward_json(request, "v1/completions", allow_batch=False)
 
     @app.post("/register")
-    async def register(obj: PDRegistryRequest):
+    async def register(request: Request):
+        # Whoever registers a server receives users' prompts: only a holder of the deployment secret may.
+        body = await request.body()
+        if lb.secret is None:
+            return _error(HTTPStatus.FORBIDDEN, f"/register is disabled: set {pd_auth.SECRET_ENV} on this load "
+                                                f"balancer and sign the body ({pd_auth.SIGNATURE_HEADER})")
+        if not pd_auth.verify_http(lb.secret, "POST /register", body, request.headers.get(pd_auth.SIGNATURE_HEADER)):
+            logger.warning("Refused /register from %s: no valid %s", request.client.host if request.client else "?",
+                           pd_auth.SIGNATURE_HEADER)
+            return _error(HTTPStatus.UNAUTHORIZED, f"/register needs the deployment secret: no valid "
+                                                   f"{pd_auth.SIGNATURE_HEADER}")
+        try:
+            obj = PDRegistryRequest.model_validate_json(body)
+        except ValueError as e:
+            return _error(HTTPStatus.BAD_REQUEST, f"Invalid registration: {e}")
         if obj.mode == "prefill":
             lb.add_prefill_server(PrefillConfig(obj.registry_url, obj.bootstrap_port))
             logger.info("Registered prefill server: %s with bootstrap port: %s", obj.registry_url, obj.bootstrap_port)
@@ -478,7 +498,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode", type=str, default=[], nargs="+", help="URLs for decode servers")
     parser.add_argument("--prefill-bootstrap-ports", type=int, nargs="+",
                         help="Bootstrap ports for prefill servers (one value applies to all)")
-    parser.add_argument("--host", default="0.0.0.0", help="Host to bind the server (default: 0.0.0.0)")
+    # Upstream binds 0.0.0.0; here loopback, as the server's own --host: exposing it is a choice.
+    parser.add_argument("--host", default="127.0.0.1", help="Host to bind the server (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="Port to bind the server (default: 8000)")
     return parser.parse_args(argv)
 

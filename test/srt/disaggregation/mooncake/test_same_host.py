@@ -16,10 +16,14 @@ from sglang.srt.disaggregation.utils import KVPoll
 DONE = {KVPoll.Success, KVPoll.Failed}
 
 
+UNMAPPED = (4096, 4096)  # a region the child declares but has no memory at (the first page is never mapped)
+
+
 def _decode_main(conn):
-    """Child: a zeroed buffer, advertised with a token; answers 'dump' with the buffer's bytes."""
+    """Child: a zeroed buffer, offered through its identity socket (plus an unmapped region);
+    answers 'dump' with the buffer's bytes."""
     buf = np.zeros(1 << 16, dtype=np.uint8)
-    identity = same_host.HostIdentity([(buf.ctypes.data, buf.nbytes)])
+    identity = same_host.HostIdentity([(buf.ctypes.data, buf.nbytes), UNMAPPED])
     conn.send((identity.frame(), buf.ctypes.data))
     while True:
         cmd = conn.recv()
@@ -75,18 +79,21 @@ def test_more_blocks_than_one_call_takes(decode_process):
     assert np.array_equal(got[0:2 * n:2], src[:n]) and not got[1:2 * n:2].any()
 
 
-def test_wrong_token_writes_nothing_and_is_not_tried_again(decode_process):
+def test_the_pid_comes_from_the_kernel_and_the_token_is_checked_before_every_batch(decode_process):
     proc, conn, frame, base = decode_process
-    peer = same_host.parse_frame(frame)
     src = np.full(64, 9, dtype=np.uint8)
     writer = same_host.SameHostWriter()
-    forged = peer._replace(token=bytes(b ^ 0xFF for b in peer.token))
-    assert not writer.write("peer", forged, [src.ctypes.data], [base], [64])
+    claim = same_host.parse_frame(frame)
+    assert writer.write("peer", claim, [src.ctypes.data], [base], [64])
+    (peer,) = writer._peers.values()
+    assert peer.pid == proc.pid  # SO_PEERCRED names the process behind the socket
+    conn.send("stop")
+    proc.join(10)
+    assert not writer.write("peer", claim, [src.ctypes.data], [base + 64], [64])  # it died: its pid holds no token
     (why,) = writer.refused.values()
-    assert "does not hold the decode's token" in why
-    assert not writer.write("peer", forged, [src.ctypes.data], [base], [64])  # refused for good
-    assert not _dump(conn).any() and writer.copied_bytes == 0
-    assert writer.write("peer", peer, [src.ctypes.data], [base], [64])  # the real token still works
+    assert "cannot read pid" in why and "No such process" in why
+    assert not writer.write("peer", claim, [src.ctypes.data], [base + 64], [64])  # refused for good
+    assert not same_host.SameHostWriter().write("other", claim, [src.ctypes.data], [base], [64])  # socket gone
 
 
 def test_blocks_outside_the_advertised_buffers_are_not_copied(decode_process):
@@ -114,49 +121,48 @@ def test_long_blocks_and_many_blocks_are_cut_into_calls(decode_process, monkeypa
     assert all(int(c[2].max()) <= 1000 for c in calls)
 
 
-def test_dead_pid_and_bad_address_fall_back(decode_process):
+def test_bad_address_falls_back(decode_process):
     proc, conn, frame, base = decode_process
-    peer = same_host.parse_frame(frame)
     src = np.full(64, 9, dtype=np.uint8)
-    unmapped = peer._replace(regions=np.array([[4096, 4096]], dtype=np.uint64))  # as if it had a buffer there
     writer = same_host.SameHostWriter()
-    assert not writer.write("a", unmapped, [src.ctypes.data], [4096], [64])
+    assert not writer.write("a", same_host.parse_frame(frame), [src.ctypes.data], [UNMAPPED[0]], [64])
     (why,) = writer.refused.values()
     assert "copied 0 of 64 bytes (Bad address)" in why
-    conn.send("stop")
-    proc.join(10)
-    writer = same_host.SameHostWriter()
-    assert not writer.write("b", peer, [src.ctypes.data], [base], [64])
-    (why,) = writer.refused.values()
-    assert "cannot read pid" in why and "No such process" in why
 
 
-def test_frames():
+def test_frames_and_the_identity_socket():
     identity = same_host.HostIdentity([(8192, 100), (4096, 50)])
-    peer = same_host.parse_frame(identity.frame())
-    assert peer.pid == os.getpid() and peer.token_addr == identity.token.ctypes.data
-    assert peer.token == identity.token.tobytes() and len(peer.token) == 16
-    assert peer.regions.tolist() == [[4096, 50], [8192, 100]]  # sorted for the bounds check
-    good = identity.frame().decode().split(":")
-    bad = [b"", b"1:2", b"x:y:z:w", b"\xff",
-           f"{good[0]}:{good[1]}::{good[3]}",  # an empty token would match any process
-           f"{good[0]}:{good[1]}:{good[2][:-2]}:{good[3]}",  # 15 bytes
-           f"0:{good[1]}:{good[2]}:{good[3]}", f"{1 << 22}:{good[1]}:{good[2]}:{good[3]}",
-           f"{good[0]}:0:{good[2]}:{good[3]}", f"{good[0]}:{1 << 64}:{good[2]}:{good[3]}",
-           f"{good[0]}:{good[1]}:{good[2]}:", f"{good[0]}:{good[1]}:{good[2]}:{good[3][:-2]}"]
+    try:
+        name = same_host.parse_frame(identity.frame())
+        assert name == identity.name and identity.frame() == f"uds:{name}".encode()
+        peer, why = same_host.verify_peer(name)
+        assert why == "" and peer.pid == os.getpid() and peer.token_addr == identity.token.ctypes.data
+        assert peer.token == identity.token.tobytes() and len(peer.token) == 16
+        assert peer.regions.tolist() == [[4096, 50], [8192, 100]]  # sorted for the bounds check
+    finally:
+        identity.close()
+    assert same_host.verify_peer(name)[0] is None  # closed: nobody answers
+    token = identity.token.tobytes().hex()
+    bad = [b"", b"\xff", f"{os.getpid()}:{identity.token.ctypes.data}:{token}:{'00' * 16}".encode(),  # the old frame
+           b"uds:", b"uds:other-" + b"0" * 32, ("uds:" + name[:-1]).encode(), ("uds:" + name + "0").encode(),
+           ("uds:" + name.upper()).encode(), ("uds:" + name + "\n").encode()]
     for frame in bad:
-        assert same_host.parse_frame(frame if isinstance(frame, bytes) else frame.encode()) is None, frame
+        assert same_host.parse_frame(frame) is None, frame
+    assert same_host.verify_peer("not-ours")[0] is None
 
 
-def test_registration_carries_the_token_after_upstreams_frames():
+def test_registration_carries_the_socket_after_upstreams_frames():
     reg = KVArgsRegisterInfo("127.0.0.1", 1, "127.0.0.1:2", [1], [2], [[3]], same_host=b"7:8:ab")
     frames = reg.to_zmq()
     assert len(frames) == 21 and frames[20] == b"7:8:ab"
     assert KVArgsRegisterInfo.from_zmq(frames).same_host == b"7:8:ab" and reg.same_host_peer is None  # malformed
     assert KVArgsRegisterInfo.from_zmq(frames[:20]).same_host_peer is None  # an upstream decode: Mooncake only
     identity = same_host.HostIdentity([(4096, 64)])
-    reg = KVArgsRegisterInfo.from_zmq([*frames[:20], identity.frame()])
-    assert reg.same_host_peer.pid == os.getpid() and reg.same_host_peer.token == identity.token.tobytes()
+    try:
+        reg = KVArgsRegisterInfo.from_zmq([*frames[:20], identity.frame()])
+        assert reg.same_host_peer == identity.name
+    finally:
+        identity.close()
 
 
 def _transfer(p, room, src, dst, after_registration=lambda: None):
@@ -187,15 +193,18 @@ def test_manager_copies_where_mooncake_would_refuse():
 def test_manager_falls_back_to_mooncake_when_the_token_is_wrong():
     p = PDPair(page_size=2, num_pages=16, same_host_copy=True)
     try:
-        def forget_token():  # the registered pid no longer holds the token: as if it were another process
-            p.decode.manager.host_identity.token ^= 0xFF
-
         src, dst = np.array([2, 5], np.int32), np.array([6, 3], np.int32)
-        assert _transfer(p, 22, src, dst, forget_token) == (KVPoll.Success, KVPoll.Success)
-        p.assert_pages_equal(src, dst)
+        assert _transfer(p, 22, src, dst) == (KVPoll.Success, KVPoll.Success)  # verified, copied
         writer = p.prefill.manager.same_host_writer
+        copied = writer.copied_bytes
+        assert copied > 0
+        # the verified pid no longer holds the token: as if the decode died and its pid was reused
+        p.decode.manager.host_identity.token ^= 0xFF
+        src, dst = np.array([7, 1], np.int32), np.array([4, 9], np.int32)
+        assert _transfer(p, 24, src, dst) == (KVPoll.Success, KVPoll.Success)
+        p.assert_pages_equal(src, dst)
         (key,) = writer.refused
-        assert writer.copied_bytes == 0 and key.startswith(f"{p.decode.manager.session_id} (pid {os.getpid()}, token ")
+        assert writer.copied_bytes == copied and key == f"{p.decode.manager.session_id} ({p.decode.manager.host_identity.name})"
     finally:
         p.close()
 

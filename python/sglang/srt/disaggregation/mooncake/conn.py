@@ -17,7 +17,7 @@ slots) with ONE `batch_transfer_sync_write` (split only past SGLANG_DISAGGREGATI
 default 2048: Mooncake refuses larger batches). Control path: ZMQ PUSH -> PULL frames of messages.py.
 Mooncake over TCP costs ~0.1-0.2 ms per block, so fragmented page_size=1 layouts are slow
 (benchmark/pd_transfer.py --layout random); contiguous pages run at engine bandwidth.
-A decode rank on this host (proven by a token it advertises, `same_host.py`) gets the same blocks
+A decode rank on this host (a process the kernel names, holding the token it announced, `same_host.py`) gets the same blocks
 by one `process_vm_writev` instead; anything that fails there goes through Mooncake.
 
 Code layout: `prefill_manager.py` / `decode_manager.py` hold the two halves of the manager,
@@ -49,6 +49,7 @@ from sglang.srt.disaggregation.base import (
     KVTransferError,
     KVTransferMetric,
 )
+from sglang.srt.disaggregation import pd_auth
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
 from sglang.srt.disaggregation.mooncake.common import ABORT_REASON, connect_host, env_float, logger, warn_once, zmq_host
 from sglang.srt.disaggregation.mooncake.decode_manager import DecodeManagerMixin
@@ -64,6 +65,13 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
         self.disaggregation_mode = disaggregation_mode
         self.server_args = DisaggConfig.of(server_args)  # the PD settings of the server (a record or the slice)
         self.is_mla_backend = is_mla_backend
+        # Control frames carry an HMAC tag when the deployment has a secret (pd_auth.py).
+        self.secret = pd_auth.secret_from_env()
+        pd_auth.warn_if_unauthenticated(self.secret, "PD KV manager")
+        to_peer, to_me = ((pd_auth.TO_DECODE, pd_auth.TO_PREFILL) if disaggregation_mode == DisaggregationMode.PREFILL
+                          else (pd_auth.TO_PREFILL, pd_auth.TO_DECODE))
+        self.frame_auth = pd_auth.FrameAuth(self.secret, to_peer, to_me)
+        self.refusals = pd_auth.RateLimitedLog()
         self.local_ip = connect_host(self.server_args.host)
         force_tcp = self.server_args.disaggregation_transfer_backend == "mooncake_tcp"
         self.engine = MooncakeTransferEngine(self.local_ip, args.gpu_id, args.ib_device, force_tcp=force_tcp)
@@ -89,6 +97,10 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
+        # The port a firewall must keep to the PD peers (it is random): say where it is.
+        logger.info("PD KV control frames (%s side) on tcp://%s:%d, %s", disaggregation_mode.name.lower(),
+                    self._zmq_host(self.local_ip), self.rank_port,
+                    "authenticated" if self.secret is not None else "UNAUTHENTICATED")
 
         if disaggregation_mode == DisaggregationMode.PREFILL:
             self._init_prefill()
@@ -112,6 +124,15 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
             self._registered_ptrs.append(ptr)
         self.registered_regions = regions  # what a same-host prefill may write (same_host.py)
 
+    def _open_frames(self, msg: List[bytes]) -> Optional[List[bytes]]:
+        """The control frames without their tag, or None (logged, at most every 10 s) for a frame
+        that does not carry the deployment secret's tag: it is dropped, never parsed."""
+        body = self.frame_auth.open(msg)
+        if body is None:
+            self.refusals.warning("frame", "Dropped a KV control message (%d frames) with %s", len(msg),
+                                  self.frame_auth.why_refused(msg))
+        return body
+
     def _start_thread(self, target, name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -128,7 +149,7 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
                 sock.connect(endpoint)
                 self._push_sockets[endpoint] = sock
             try:
-                sock.send_multipart(frames)
+                sock.send_multipart(self.frame_auth.sign(frames))
                 return True
             except zmq.ZMQError as e:
                 logger.warning("Failed to send control message to %s: %s", endpoint, e)
@@ -178,6 +199,8 @@ class MooncakeKVManager(PrefillManagerMixin, DecodeManagerMixin, BaseKVManager):
                 sock.close(linger=0)
             self._push_sockets.clear()
         self.server_socket.close(linger=0)
+        if getattr(self, "host_identity", None) is not None:
+            self.host_identity.close()
         self.context.term()
         self.engine.batch_deregister(self._registered_ptrs)
         self._registered_ptrs = []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set
 import requests
 import zmq
 
+from sglang.srt.disaggregation import pd_auth
 from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, logger
 from sglang.srt.disaggregation.mooncake import same_host
 from sglang.srt.disaggregation.mooncake.messages import KVArgsRegisterInfo, parse_kv_status_message
@@ -83,9 +84,12 @@ class DecodeManagerMixin:
                 if self._stop.is_set():
                     return
                 raise
+            msg = self._open_frames(msg)
+            if msg is None:
+                continue
             parsed = parse_kv_status_message(msg)
             if parsed is None:
-                logger.warning("Dropping malformed KV status message (%d frames)", len(msg))
+                self.refusals.warning("malformed", "Dropping malformed KV status message (%d frames)", len(msg))
                 continue
             room, status, rank, reason = parsed
             if room not in self.request_status:
@@ -105,9 +109,16 @@ class DecodeManagerMixin:
                 self.update_status(room, status)
 
     def _fetch_json(self, url: str, timeout: float) -> dict:
-        r = requests.get(url, timeout=timeout)
+        r = requests.get(url, timeout=timeout, allow_redirects=False)
         if r.status_code != 200:
             raise _BootstrapHTTPError(r.status_code, r.text)
+        if self.secret is not None:
+            # Only a bootstrap server holding the deployment secret may tell us where to send our
+            # registration (buffer addresses) and metadata.
+            what = "GET /" + url.split("/", 3)[3]  # http://host:port/route?... -> GET /route?...
+            if not pd_auth.verify_http(self.secret, what, r.content, r.headers.get(pd_auth.SIGNATURE_HEADER)):
+                raise _FatalBootstrapError(f"the bootstrap server at {url.split('/')[2]} did not sign its answer "
+                                           f"with the deployment secret ({pd_auth.SECRET_ENV})")
         return r.json()
 
     def _resolve(self, receiver: "MooncakeKVReceiver", timeout: float) -> List[dict]:

@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from sglang.srt.disaggregation.mooncake.same_host import Peer, parse_frame
+from sglang.srt.disaggregation.mooncake.same_host import parse_frame
 from sglang.srt.disaggregation.utils import pack_int_lists, pack_ints, unpack_int_lists, unpack_ints
 
 REGISTRATION_ROOM = b"None"
@@ -51,7 +51,8 @@ class KVArgsRegisterInfo:
     staging_slot_layer_ids: List[int] = dataclasses.field(default_factory=list)
     dst_kv_item_lens: List[int] = dataclasses.field(default_factory=list)
     same_host: bytes = b""  # frame 20, ours: same_host.HostIdentity.frame() of the decode rank, or absent
-    same_host_peer: Optional[Peer] = dataclasses.field(init=False, compare=False, repr=False)
+    # the decode's identity socket (same_host.py verifies the process behind it), or None
+    same_host_peer: Optional[str] = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:  # parsed once per registration, not per transfer
         self.same_host_peer = parse_frame(self.same_host) if self.same_host else None

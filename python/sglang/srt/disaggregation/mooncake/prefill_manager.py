@@ -4,6 +4,7 @@ each queued chunk into one engine batch and report the outcome to decode (status
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -14,6 +15,7 @@ import numpy as np
 import requests
 import zmq
 
+from sglang.srt.disaggregation import pd_auth
 from sglang.srt.disaggregation.base import KVTransferMetric
 from sglang.srt.disaggregation.mooncake.blocks import build_chunk_blocks, mamba_state_layout_mismatch
 from sglang.srt.disaggregation.mooncake.common import UNREGISTERED_MARKER, connect_host, env_float, logger
@@ -97,10 +99,11 @@ class PrefillManagerMixin:
             "prefill_http_port": sa.port,
         }
         url = f"http://{self._bootstrap_endpoint()}/route"
+        body = json.dumps(payload).encode("utf-8")
         attempts = 5
         for attempt in range(attempts):
             try:
-                r = requests.put(url, json=payload, timeout=5)
+                r = requests.put(url, data=body, headers=pd_auth.signed_headers(self.secret, "PUT /route", body), timeout=5)
                 if r.status_code == 200:
                     logger.debug("Prefill rank registered to bootstrap server %s", url)
                     return
@@ -120,7 +123,9 @@ class PrefillManagerMixin:
             if not poller.poll(100):
                 continue
             try:
-                msg = self.server_socket.recv_multipart(zmq.NOBLOCK)
+                msg = self._open_frames(self.server_socket.recv_multipart(zmq.NOBLOCK))
+                if not msg:
+                    continue
                 if msg[0] == REGISTRATION_ROOM:
                     info = KVArgsRegisterInfo.from_zmq(msg)
                     self.decode_kv_args_table[info.mooncake_session_id] = info
@@ -144,8 +149,8 @@ class PrefillManagerMixin:
                 if self._stop.is_set():
                     return
                 raise
-            except Exception:  # a malformed peer message must not kill the control thread
-                logger.exception("Dropping malformed KV control message")
+            except Exception as e:  # a malformed peer message must not kill the control thread
+                self.refusals.warning("malformed", "Dropping malformed KV control message: %r", e)
 
     def _on_transfer_info(self, info: TransferInfo) -> None:
         room = info.room
