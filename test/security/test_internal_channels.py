@@ -28,6 +28,7 @@ from sglang.test.socket_probe import (
     hostile_frames,
     process_tree,
     raw_tcp_write,
+    raw_unix_write,
     tcp_listeners,
     unix_listeners,
     zmq_push,
@@ -47,8 +48,11 @@ def attack_every_socket(pid: int, http_ports, probe: MarkerPickle):
     paths = unix_listeners(pids)
     ports = [(ip, port) for ip, port in tcp_listeners(pids) if port not in http_ports]
     frames = hostile_frames(probe)
-    for path in paths:
-        zmq_push(f"ipc://{path}", frames)
+    for path in paths:  # ZMQ ipc sockets, and the PD same-host identity socket (abstract, not ZMQ)
+        if path.startswith("@"):
+            raw_unix_write(path, frames)
+        else:
+            zmq_push(f"ipc://{path}", frames)
     for ip, port in ports:
         host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(ip, f"[{ip}]" if ":" in ip else ip)
         zmq_push(f"tcp://{host}:{port}", frames)
@@ -85,6 +89,7 @@ def ipc_dir_of(paths):
 
 
 def assert_private_ipc(paths) -> str:
+    paths = [p for p in paths if not p.startswith("@")]  # abstract sockets have no file (PD identity)
     assert sorted(os.path.basename(p) for p in paths) == sorted(CHANNELS), paths
     d = ipc_dir_of(paths)
     st = os.stat(d)
@@ -202,6 +207,7 @@ def test_pd_pair_runs_nothing_from_any_socket(tiny_llama, tmp_path):
             assert_private_ipc(paths)
             assert_drops_logged(str(tmp_path / f"{name}.log"))
         assert ("127.0.0.1", boot) in attacked["prefill"][1]  # the bootstrap server was in the list
+        assert any(p.startswith("@sglang-pd-identity") for p in attacked["decode"][0])  # and the identity socket
         with cf.ThreadPoolExecutor(2) as ex:
             futs = [ex.submit(requests.post, f"http://127.0.0.1:{port}/generate", timeout=90, json={
                 "text": "hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},

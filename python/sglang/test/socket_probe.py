@@ -145,3 +145,17 @@ def raw_tcp_write(ip: str, port: int, frames: Sequence[bytes], timeout: float = 
                 s.sendall(frame)
         except OSError:
             pass
+
+
+def raw_unix_write(path: str, frames: Sequence[bytes], timeout: float = 2.0) -> None:
+    """Writes the frames as they are on one Unix stream connection (an abstract socket when
+    `path` starts with "@", as /proc/net/unix shows them), then closes it."""
+    address = "\0" + path[1:] if path.startswith("@") else path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(address)
+            for frame in frames:
+                s.sendall(frame)
+        except OSError:
+            pass
