@@ -22,6 +22,7 @@ import psutil
 import pytest
 import requests
 
+from sglang.test.logit_processors import force_token_processor
 from sglang.test.security_probe import Bystander, assert_server_whole, auth, error_message
 from sglang.test.server_utils import find_free_port, popen_launch_server, stop_server
 
@@ -176,23 +177,6 @@ def _marker_processor(path) -> str:
     return json.dumps({"callable": pickle.dumps(_Marker(path)).hex()})
 
 
-FORCE_TOKEN_SRC = """
-class ForceToken(CustomLogitProcessor):
-    def __call__(self, logits, custom_param_list=None):
-        for i, p in enumerate(custom_param_list):
-            keep = logits[i, p["token_id"]].clone()
-            logits[i, :] = float("-inf")
-            logits[i, p["token_id"]] = keep
-        return logits
-"""
-
-
-def _force_token_processor() -> str:
-    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
-
-    ns = {"__name__": "__main__", "CustomLogitProcessor": CustomLogitProcessor}  # as in a client's script
-    exec(FORCE_TOKEN_SRC, ns)
-    return ns["ForceToken"].to_str()
 
 
 def test_custom_logit_processor_runs_only_for_the_admin_key(keyed, tmp_path):
@@ -207,7 +191,7 @@ def test_custom_logit_processor_runs_only_for_the_admin_key(keyed, tmp_path):
             assert "admin API key" in error_message(r) and "Bearer" in error_message(r)
     assert not os.path.exists(marker), "the ordinary key's processor was unpickled"
     b.assert_responsive()
-    body = {"input_ids": [1, 2, 3], "custom_logit_processor": _force_token_processor(),
+    body = {"input_ids": [1, 2, 3], "custom_logit_processor": force_token_processor(),
             "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "custom_params": {"token_id": 42}}}
     r = _call(url, "POST", "/generate", body, ADMIN_KEY)
     assert r.status_code == 200, r.text

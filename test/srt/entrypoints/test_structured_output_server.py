@@ -202,27 +202,15 @@ def test_reasoning_content_is_split(server):
 # ------------------------------------------------------------------------- custom logit processor
 
 
-FORCE_TOKEN_SRC = """
-class ForceToken(CustomLogitProcessor):
-    def __call__(self, logits, custom_param_list=None):
-        for i, p in enumerate(custom_param_list):
-            keep = logits[i, p["token_id"]].clone()
-            logits[i, :] = float("-inf")
-            logits[i, p["token_id"]] = keep
-        return logits
-"""
 
 
 def test_custom_logit_processor_forces_a_token(server):
-    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+    from sglang.test.logit_processors import force_token_processor
 
-    # Defined as in a client's script (__main__), so that dill sends the class itself.
-    ns = {"__name__": "__main__", "CustomLogitProcessor": CustomLogitProcessor}
-    exec(FORCE_TOKEN_SRC, ns)
-    ForceToken = ns["ForceToken"]
+    force_token = force_token_processor()
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     r = requests.post(server["url"] + "/generate", headers=admin, json={
-        "input_ids": [1, 2, 3], "custom_logit_processor": ForceToken.to_str(),
+        "input_ids": [1, 2, 3], "custom_logit_processor": force_token,
         "sampling_params": {"max_new_tokens": 5, "temperature": 0.9, "custom_params": {"token_id": 42}}}, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == [42] * 5

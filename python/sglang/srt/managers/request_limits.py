@@ -131,21 +131,11 @@ class RequestLimits:
 
     def check_top_logprobs(self, value: Optional[int]) -> None:
         """Chat `top_logprobs` (OpenAI's bound and text)."""
-        if value is not None and value > self.max_top_logprobs:
-            raise ValueError(f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= "
-                             f"{self.max_top_logprobs}, but got {value} instead.")
-        if value is not None and value < 0:
-            raise ValueError(f"Invalid 'top_logprobs': integer below minimum value. Expected a value >= 0, "
-                             f"but got {value} instead.")
+        _check_openai_bound("top_logprobs", value, self.max_top_logprobs)
 
     def check_completion_logprobs(self, value: Optional[int]) -> None:
         """Completions `logprobs` (OpenAI's bound and text)."""
-        if value is not None and value > self.max_completion_logprobs:
-            raise ValueError(f"Invalid 'logprobs': integer above maximum value. Expected a value <= "
-                             f"{self.max_completion_logprobs}, but got {value} instead.")
-        if value is not None and value < 0:
-            raise ValueError(f"Invalid 'logprobs': integer below minimum value. Expected a value >= 0, "
-                             f"but got {value} instead.")
+        _check_openai_bound("logprobs", value, self.max_completion_logprobs)
 
     def check_stop_strings(self, stop: Any) -> None:
         """Before the stop strings are tokenized (each one is, to size the detokenizer's window)."""
@@ -214,3 +204,13 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
 def nesting_upper_bound(raw: bytes) -> int:
     """A cheap bound on a JSON document's depth: it cannot nest deeper than it has brackets."""
     return raw.count(b"[") + raw.count(b"{")
+
+
+def _check_openai_bound(name: str, value: Optional[int], maximum: int) -> None:
+    """An integer field in [0, maximum], refused in OpenAI's words."""
+    if value is not None and value > maximum:
+        raise ValueError(f"Invalid '{name}': integer above maximum value. Expected a value <= {maximum}, "
+                         f"but got {value} instead.")
+    if value is not None and value < 0:
+        raise ValueError(f"Invalid '{name}': integer below minimum value. Expected a value >= 0, "
+                         f"but got {value} instead.")
