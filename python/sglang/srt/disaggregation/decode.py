@@ -14,8 +14,8 @@ FAKE_BOOTSTRAP_HOST) nothing is received: the decode server computes the prompt'
 local prefill (upstream leaves the KV unfilled; computing it makes a decode server testable alone
 with real outputs), then the request decodes and retracts like a transferred one.
 
-Memory goes through the scheduler's `MemoryManager` (`reserve`, `release`, `backup_for_retraction`,
-`restore`); the role only decides when.
+Memory goes through the scheduler's `MemoryManager` (`admissible_tokens`, `match_and_lock`,
+`reserve`, `release`, `backup_for_retraction`, `restore`); the role only decides when.
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ import logging
 import time
 from typing import List, Optional
 
-import torch
-
 from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT
 from sglang.srt.core.req import Req
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, decode_failure, kv_to_page_indices
-from sglang.srt.managers.schedule_policy import match_prefix
 from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
@@ -70,8 +67,9 @@ class DecodeRole(ServerRole):
         size = self.s.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        pools = memory.device_pools()
+        kv_args = kv_args_from_pools(pools.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=pools.mamba_pool, ib_device=config.disaggregation_ib_device)
         self.kv_manager = get_kv_class(self.backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.DECODE, config)
         self.receiver_cls = get_kv_class(self.backend, KVClassType.RECEIVER)
 
@@ -188,10 +186,9 @@ class DecodeRole(ServerRole):
         return not self.retracted_queue  # retracted requests resume first
 
     def _allocatable_tokens(self) -> int:
-        memory = self.s.memory
+        """The admission budget less --num-reserved-decode-tokens per request that decodes here."""
         running = len(self.s.running_reqs) + len(self.transfer_queue)
-        reserve = self.num_reserved_decode_tokens * running
-        return memory.allocator.available_size() + memory.tree_cache.evictable_size() - reserve
+        return self.s.memory.admissible_tokens(self.num_reserved_decode_tokens * running)
 
     def _pre_alloc(self, req: Req) -> str:
         """Reserves KV (and a Mamba slot) for one bootstrapped request. "stop": no room, try later."""
@@ -233,21 +230,12 @@ class DecodeRole(ServerRole):
         always comes from the prefill (it summarises the whole prompt), so the prefix needs KV only
         (it may end where the tree keeps no state) and a state there is not kept locked. Returns
         the prefix length in tokens (whole pages)."""
-        tree = self.s.memory.tree_cache
-        if tree.disable:
-            return 0
-        match_prefix(req, tree, with_state=False)
-        tree.assign_prefix(req, req.prefix_match)
-        req.prefix_match = None
-        tree.release_prefix_state_lock(req)
-        return len(req.prefix_indices)
+        req.fill_ids = req.all_ids()
+        return self.s.memory.match_and_lock(req, with_state=False)
 
     def _unlock_prefix(self, req: Req) -> None:
         """Undo `_lock_cached_prefix` for a request that waits for memory (matched again next time)."""
-        if req.last_node is not None:
-            self.s.memory.release(req)
-        req.prefix_indices = torch.empty(0, dtype=torch.int64)
-        req.cache_protected_len = 0
+        self.s.memory.unlock(req)
 
     def _pop_transferred(self, req: Req, arrived: List[Req]) -> None:
         """A request whose KV arrived joins the running batch (or finishes) and `arrived`."""
@@ -332,7 +320,7 @@ class DecodeRole(ServerRole):
         memory.release(req)
         if saved is None:
             if req.to_abort is None:
-                req.to_abort = memory.retraction_store.abort_reason()
+                req.to_abort = memory.retraction_abort_reason()
             logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
             return False
         req.retraction_backup = saved

@@ -51,8 +51,9 @@ class PrefillRole(ServerRole):
         size = facade.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        pools = memory.device_pools()
+        kv_args = kv_args_from_pools(pools.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=pools.mamba_pool, ib_device=config.disaggregation_ib_device)
         backend = config.disaggregation_transfer_backend
         self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
@@ -195,7 +196,7 @@ class PrefillRole(ServerRole):
         self._process_inflight()
 
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
-        slots = self.s.memory.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        slots = self.s.memory.kv_slots(req, start, end)
         state_indices = None
         if req.mamba_pool_idx is not None and is_last:
             state_indices = [[req.mamba_pool_idx]]

@@ -59,9 +59,8 @@ class ScheduleBatch:
         ), reqs)
 
     def _with_mamba(self, forward_batch, reqs: Optional[Sequence[Req]] = None):
-        pool = self.memory.mamba_pool
-        if pool is not None:
-            forward_batch.mamba_pool = pool
+        """Hybrid SSM models: each request's Mamba state slot (the worker attaches the pool)."""
+        if self.memory.has_state_slots:
             forward_batch.mamba_pool_indices = torch.tensor(
                 [r.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
                 device=self.device,
