@@ -102,7 +102,7 @@ def test_the_scan_sees_the_writes_it_guards():
     seen = {(where.split(":")[0], attr) for where, _, attr in _all_writes()}
     for expected in [("disaggregation/prefill.py", "kv_sender"), ("disaggregation/decode.py", "kv_receiver"),
                      ("managers/schedule_batch.py", "to_abort"), ("constrained/grammar_manager.py", "grammar"),
-                     ("managers/scheduler.py", "is_chunked"), ("core/req.py", "num_retractions")]:
+                     ("managers/scheduler_output.py", "is_chunked"), ("core/req.py", "num_retractions")]:
         assert expected in seen, expected
     assert {"rid", "kv_sender", "retraction_backup", "grammar"} <= declared_fields()
 
