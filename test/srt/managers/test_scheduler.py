@@ -79,7 +79,7 @@ def test_all_greedy_decode_takes_the_argmax_in_the_lm_head(model_dir, hf_model, 
         assert greedy.output_ids == hf_greedy(hf_model, prompts[0], 5)
         assert len(odd.output_ids) == 5
         if extra.get("return_logprob"):
-            assert len(odd.output_token_logprobs) == 5
+            assert len(odd.logprobs.output_token_logprobs) == 5
     assert_no_leak(sched)
 
 

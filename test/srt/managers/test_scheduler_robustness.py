@@ -172,7 +172,7 @@ def test_stop_regex_zero_tokens_and_token_ids_logprob(model_dir, hf_model):
     with torch.no_grad():
         logits = hf_model(torch.tensor([prompt + want[:3]])).logits[0, len(prompt) - 1:].float()
     ref = torch.log_softmax(logits, dim=-1)
-    for pos, step in enumerate(r3.output_token_ids_logprobs):
+    for pos, step in enumerate(r3.logprobs.output_token_ids_logprobs):
         values = dict((tid, v) for v, tid in step)
         assert set(values) == {3, 99}
         for tid, v in values.items():

@@ -87,22 +87,22 @@ class DecodeRole(ServerRole):
             return
         host = recv.bootstrap_host
         if host is None or recv.bootstrap_room is None:  # the tokenizer refuses these; never trust one process
-            req.to_abort = FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
-                                        "BadRequestError")
+            req.abort(FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
+                                   "BadRequestError"))
             self.s.finish_unscheduled(req)
             return
         addr = _bootstrap_addr(host, recv.bootstrap_port or self.bootstrap_port)
         try:
-            req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
-            req.kv_receiver.init(0)
+            req.pd.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
+            req.pd.kv_receiver.init(0)
         except Exception as e:  # bad address etc.: fail this request, not the server
-            if req.kv_receiver is not None:
-                req.kv_receiver.clear()
-                req.kv_receiver = None
-            req.to_abort = FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500)
+            if req.pd.kv_receiver is not None:
+                req.pd.kv_receiver.clear()
+                req.pd.kv_receiver = None
+            req.abort(FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500))
             self.s.finish_unscheduled(req)
             return
-        req.bootstrap_room = recv.bootstrap_room
+        req.pd.bootstrap_room = recv.bootstrap_room
         self.prealloc_queue.append(req)
 
     def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
@@ -155,16 +155,16 @@ class DecodeRole(ServerRole):
     def release_after_error(self, req: Req) -> None:
         """What a failed request holds on the decode side beyond its KV: metadata row, receiver, backup."""
         self._free_metadata(req)
-        if req.kv_receiver is not None:
-            req.kv_receiver.abort()
-            req.kv_receiver.clear()
-            req.kv_receiver = None
+        if req.pd.kv_receiver is not None:
+            req.pd.kv_receiver.abort()
+            req.pd.kv_receiver.clear()
+            req.pd.kv_receiver = None
         self.s.memory.discard_backup(req)
 
     def _free_metadata(self, req: Req) -> None:
-        if req.metadata_idx is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
+        if req.pd.metadata_idx is not None:
+            self.metadata_allocator.free(req.pd.metadata_idx)
+            req.pd.metadata_idx = None
 
     # --- each step ----------------------------------------------------------------------------------
     def process(self) -> None:
@@ -192,7 +192,7 @@ class DecodeRole(ServerRole):
 
     def _pre_alloc(self, req: Req) -> str:
         """Reserves KV (and a Mamba slot) for one bootstrapped request. "stop": no room, try later."""
-        state = req.kv_receiver.poll()
+        state = req.pd.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.prealloc_queue)
             return "next"
@@ -214,12 +214,12 @@ class DecodeRole(ServerRole):
             self.metadata_allocator.free(aux)
             self._unlock_prefix(req)
             return "stop"
-        req.metadata_idx = aux
+        req.pd.metadata_idx = aux
         self.radix_hit_tokens += prefix
         self.prealloc_queue.remove(req)
         self.transfer_queue.append(req)
         state_indices = [[req.mamba_pool_idx]] if req.mamba_pool_idx is not None else None
-        req.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
+        req.pd.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
                                       decode_prefix_len=prefix)
         return "next"
 
@@ -239,30 +239,30 @@ class DecodeRole(ServerRole):
 
     def _pop_transferred(self, req: Req, arrived: List[Req]) -> None:
         """A request whose KV arrived joins the running batch (or finishes) and `arrived`."""
-        state = req.kv_receiver.poll()
+        state = req.pd.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.transfer_queue)
             return
         if state != KVPoll.Success:
             return
-        row = self.metadata_buffers.get_buf(req.metadata_idx)
+        row = self.metadata_buffers.get_buf(req.pd.metadata_idx)
         self._free_metadata(req)
         self.transfer_queue.remove(req)
-        req.kv_receiver.clear()
-        req.kv_receiver = None
-        if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
-            req.to_abort = FINISH_ABORT(
+        req.pd.kv_receiver.clear()
+        req.pd.kv_receiver = None
+        if req.pd.bootstrap_room is not None and row.bootstrap_room != req.pd.bootstrap_room % (1 << 63):
+            req.abort(FINISH_ABORT(
                 f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
-                f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
+                f"(expected {req.pd.bootstrap_room}, got {row.bootstrap_room})", 500))
             self._drop(req)
             return
         if req.sampling_params.max_new_tokens > 0:
             req.output_ids.append(row.output_id)
         req.cached_tokens = row.cached_tokens
         if req.return_logprob and row.output_token_logprob_val is not None and req.output_ids:
-            req.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
+            req.logprobs.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
             if req.top_logprobs_num:
-                req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
+                req.logprobs.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
         req.fill_ids = req.all_ids()
         req.forward_entry_time = time.monotonic()
         req.check_finished()
@@ -274,19 +274,19 @@ class DecodeRole(ServerRole):
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:
-            req.kv_receiver.failure_exception()
+            req.pd.kv_receiver.failure_exception()
             message = "KV transfer failed"
         except Exception as e:
             message = str(getattr(e, "failure_reason", None) or e)
         queue.remove(req)
-        req.kv_receiver.clear()
-        req.kv_receiver = None
+        req.pd.kv_receiver.clear()
+        req.pd.kv_receiver = None
         status, text = decode_failure(message)
         self.num_transfer_failures += status is None or status >= 500
         if status is not None and status < 500:  # the prefill refused the request itself (a client error)
-            req.to_abort = FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError")
+            req.abort(FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError"))
         else:
-            req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
+            req.abort(FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500))
         self._drop(req)
 
     def _drop(self, req: Req) -> None:
@@ -298,17 +298,17 @@ class DecodeRole(ServerRole):
     def abort(self, hit) -> None:
         for queue in (self.prealloc_queue, self.transfer_queue):
             for req in [r for r in queue if hit(r)]:
-                if req.kv_receiver is not None:
-                    req.kv_receiver.abort()  # the prefill drops the room too
-                    req.kv_receiver.clear()
-                    req.kv_receiver = None
+                if req.pd.kv_receiver is not None:
+                    req.pd.kv_receiver.abort()  # the prefill drops the room too
+                    req.pd.kv_receiver.clear()
+                    req.pd.kv_receiver = None
                 queue.remove(req)
-                req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+                req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
                 self._drop(req)
         for req in [r for r in self.retracted_queue if hit(r)]:
             self.retracted_queue.remove(req)
             self.s.memory.discard_backup(req)  # free the backup at once (upstream #18701)
-            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+            req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
             req.finished_reason = req.to_abort
             self.s.emit([req])
 
@@ -320,7 +320,7 @@ class DecodeRole(ServerRole):
         memory.release(req)
         if saved is None:
             if req.to_abort is None:
-                req.to_abort = memory.retraction_abort_reason()
+                req.abort(memory.retraction_abort_reason())
             logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
             return False
         req.retraction_backup = saved

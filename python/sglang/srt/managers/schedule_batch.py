@@ -135,10 +135,10 @@ class ScheduleBatch:
         keep = sorted(order)
         if len(keep) == 1 and not self.check_decode_mem([self.reqs[keep[0]]]):
             last = self.reqs[keep[0]]
-            last.to_abort = FINISH_ABORT(
+            last.abort(FINISH_ABORT(
                 "Out of memory even after retracting all other requests in the decode batch. Aborting the last request.",
                 500,
-            )
+            ))
             release_req(last, False)
             aborted.append(last)
             keep = []

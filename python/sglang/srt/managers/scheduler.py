@@ -202,7 +202,7 @@ class Scheduler:
         self.in_flight = []
         for req in victims:
             self.unqueue(req)
-            req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
+            req.abort(FINISH_ABORT(message, 500, "InternalServerError"))
             self.release_after_error(req)
         if victims:
             logger.error("Aborted %d request(s) of the failed batch: %s", len(victims), [r.rid for r in victims])

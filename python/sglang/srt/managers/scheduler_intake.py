@@ -113,27 +113,27 @@ class SchedulerIntake:
     def _admit(self, req: Req, recv: TokenizedGenerateReqInput) -> None:
         n, limit = len(req.origin_input_ids), self.limits.max_req_input_len
         if n == 0:
-            req.to_abort = FINISH_ABORT("The input is empty: at least one token is required.", 400, "BadRequestError")
+            req.abort(FINISH_ABORT("The input is empty: at least one token is required.", 400, "BadRequestError"))
         elif n >= limit:
             if self.limits.allow_auto_truncate:
                 logger.warning("Request length is longer than the KV cache pool size or the max context length. "
                                "Truncated. len(req.origin_input_ids)=%d, max_req_input_len=%d", n, limit)
                 req.origin_input_ids = req.origin_input_ids[:limit]
             else:
-                req.to_abort = FINISH_ABORT(
+                req.abort(FINISH_ABORT(
                     f"Input length ({n} tokens) exceeds the maximum allowed length "
                     f"({limit} tokens). Use a shorter input or enable --allow-auto-truncate.",
                     400,
                     "BadRequestError",
-                )
+                ))
         sp = req.sampling_params
         sp.max_new_tokens = min(sp.max_new_tokens if sp.max_new_tokens is not None else 1 << 30,
                                 self.limits.max_req_len - len(req.origin_input_ids) - 1)
         if req.to_abort is None and self.queue_is_full():
-            req.to_abort = FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable")
+            req.abort(FINISH_ABORT(QUEUE_FULL_MESSAGE, 503, "ServiceUnavailable"))
         constrained = req.to_abort is None and grammar_key(sp) is not None
         if constrained and self.grammar_manager is None:
-            req.to_abort = FINISH_ABORT(GRAMMAR_BACKEND_NONE_MESSAGE, 400, "BadRequestError")
+            req.abort(FINISH_ABORT(GRAMMAR_BACKEND_NONE_MESSAGE, 400, "BadRequestError"))
         if req.to_abort is not None:
             self._refuse(req, recv)
         elif constrained:
@@ -153,7 +153,7 @@ class SchedulerIntake:
         idle = not (self.queues.has_batch_work() or self.role.has_work())
         ready, failed = self.grammar_manager.poll(wait_s=0.02 if idle else 0.0)
         for req, recv, message in failed:
-            req.to_abort = FINISH_ABORT(message, 400, "BadRequestError")
+            req.abort(FINISH_ABORT(message, 400, "BadRequestError"))
             self._refuse(req, recv)
         for req, recv in ready:
             self.role.add(req, recv)
@@ -173,7 +173,7 @@ class SchedulerIntake:
         for req in self.all_reqs():
             if req.rid == recv.rid:
                 self.unqueue(req)
-                req.to_abort = FINISH_ABORT(message, 500, "InternalServerError")
+                req.abort(FINISH_ABORT(message, 500, "InternalServerError"))
                 self.release_after_error(req)
                 self.output.emit([req])
                 return
@@ -201,16 +201,16 @@ class SchedulerIntake:
 
         for req in [r for r in self.queues.waiting if hit(r)]:
             self.queues.waiting.remove(req)
-            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+            req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
             self.memory.release(req)  # a retracted request re-queued on a plain server holds nothing; this is safe
             self.finish_unscheduled(req)
         for req in [r for r in (self.grammar_manager.reqs() if self.grammar_manager else []) if hit(r)]:
             self.grammar_manager.remove(req)  # holds nothing yet
-            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+            req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
             self.finish_unscheduled(req)
         for req in self.queues.in_batches():
             if hit(req) and req.to_abort is None:
-                req.to_abort = FINISH_ABORT(ABORT_RUNNING_MESSAGE)
+                req.abort(FINISH_ABORT(ABORT_RUNNING_MESSAGE))
         self.role.abort(hit)
 
     def abort_timed_out(self) -> None:
@@ -219,14 +219,14 @@ class SchedulerIntake:
         if self.waiting_timeout_s is not None:
             for req in [r for r in self.queues.waiting if now - r.queue_time_start > self.waiting_timeout_s]:
                 self.queues.waiting.remove(req)
-                req.to_abort = FINISH_ABORT(QUEUED_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
+                req.abort(FINISH_ABORT(QUEUED_TIMEOUT_MESSAGE, 503, "ServiceUnavailable"))
                 self.memory.release(req)
                 self.finish_unscheduled(req)
         if self.running_timeout_s is not None:
             for req in self.queues.in_batches():
                 started = req.forward_entry_time
                 if req.to_abort is None and started is not None and now - started > self.running_timeout_s:
-                    req.to_abort = FINISH_ABORT(RUNNING_TIMEOUT_MESSAGE, 503, "ServiceUnavailable")
+                    req.abort(FINISH_ABORT(RUNNING_TIMEOUT_MESSAGE, 503, "ServiceUnavailable"))
 
     def drop_aborted_running(self) -> None:
         """Running (or chunked) requests marked `to_abort` end now, before the next batch is formed."""

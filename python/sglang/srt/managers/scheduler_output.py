@@ -50,16 +50,16 @@ def collect_outputs(reqs: List, stream_interval: int = 1) -> BatchTokenIDOutput:
         out.retraction_counts.append(req.num_retractions)
         out.embeddings.append(req.embedding)
         if req.return_logprob:
-            out.output_token_logprobs.append(req.output_token_logprobs[req.sent_logprob_len :])
-            out.output_top_logprobs.append(req.output_top_logprobs[req.sent_logprob_len :])
-            out.output_token_ids_logprobs.append(req.output_token_ids_logprobs[req.sent_logprob_len :]
+            out.output_token_logprobs.append(req.logprobs.output_token_logprobs[req.logprobs.sent_len :])
+            out.output_top_logprobs.append(req.logprobs.output_top_logprobs[req.logprobs.sent_len :])
+            out.output_token_ids_logprobs.append(req.logprobs.output_token_ids_logprobs[req.logprobs.sent_len :]
                                                  if req.token_ids_logprob is not None else None)
-            first = req.sent_len == 0 and not req.sent_input_logprobs
-            out.input_token_logprobs.append(req.input_token_logprobs if first else None)
-            out.input_top_logprobs.append(req.input_top_logprobs if first else None)
-            out.input_token_ids_logprobs.append(req.input_token_ids_logprobs if first else None)
-            req.sent_input_logprobs = req.sent_input_logprobs or first
-            req.sent_logprob_len = len(req.output_token_logprobs)
+            first = req.sent_len == 0 and not req.logprobs.sent_input
+            out.input_token_logprobs.append(req.logprobs.input_token_logprobs if first else None)
+            out.input_top_logprobs.append(req.logprobs.input_top_logprobs if first else None)
+            out.input_token_ids_logprobs.append(req.logprobs.input_token_ids_logprobs if first else None)
+            req.logprobs.sent_input = req.logprobs.sent_input or first
+            req.logprobs.sent_len = len(req.logprobs.output_token_logprobs)
         else:
             for lst in (out.output_token_logprobs, out.output_top_logprobs, out.input_token_logprobs,
                         out.input_top_logprobs, out.output_token_ids_logprobs, out.input_token_ids_logprobs):
@@ -85,14 +85,14 @@ def record_logprobs(reqs: List, forward_batch, logits_output) -> None:
         offset += ext_len
         if not req.wants_input_logprobs() or req.num_retractions:
             continue
-        if req.input_token_logprobs is None:
-            req.input_token_logprobs, req.input_top_logprobs = [], []
-            req.input_token_ids_logprobs = [] if req.token_ids_logprob is not None else None
+        if req.logprobs.input_token_logprobs is None:
+            req.logprobs.input_token_logprobs, req.logprobs.input_top_logprobs = [], []
+            req.logprobs.input_token_ids_logprobs = [] if req.token_ids_logprob is not None else None
             if req.logprob_start_len == 0:
-                req.input_token_logprobs.append((None, req.origin_input_ids[0]))
-                req.input_top_logprobs.append(None)
-                if req.input_token_ids_logprobs is not None:
-                    req.input_token_ids_logprobs.append(None)
+                req.logprobs.input_token_logprobs.append((None, req.origin_input_ids[0]))
+                req.logprobs.input_top_logprobs.append(None)
+                if req.logprobs.input_token_ids_logprobs is not None:
+                    req.logprobs.input_token_ids_logprobs.append(None)
         n_in = len(req.origin_input_ids)
         # positions p in [prefix_len, prefix_len+ext_len) whose next token p+1 is a prompt token >= start
         lo = max(prefix_len, req.logprob_start_len - 1, 0)
@@ -102,13 +102,13 @@ def record_logprobs(reqs: List, forward_batch, logits_output) -> None:
         rows = full[seg_start + (lo - prefix_len) : seg_start + (hi - prefix_len)]
         next_ids = req.origin_input_ids[lo + 1 : hi + 1]
         res = compute_prompt_logprobs(rows, next_ids, req.top_logprobs_num, req.token_ids_logprob)
-        req.input_token_logprobs.extend(zip(res.token_logprobs.tolist(), next_ids))
+        req.logprobs.input_token_logprobs.extend(zip(res.token_logprobs.tolist(), next_ids))
         if res.top_logprobs is not None:
-            req.input_top_logprobs.extend(list(zip(v, i)) for v, i in res.top_logprobs)
+            req.logprobs.input_top_logprobs.extend(list(zip(v, i)) for v, i in res.top_logprobs)
         else:
-            req.input_top_logprobs.extend([None] * len(next_ids))
+            req.logprobs.input_top_logprobs.extend([None] * len(next_ids))
         if res.token_ids_logprobs is not None:
-            req.input_token_ids_logprobs.extend(list(zip(v, i)) for v, i in res.token_ids_logprobs)
+            req.logprobs.input_token_ids_logprobs.extend(list(zip(v, i)) for v, i in res.token_ids_logprobs)
 
 
 class OutputProcessor:
@@ -233,10 +233,10 @@ class OutputProcessor:
         if out is None or not req.return_logprob:
             return
         if keep:
-            req.output_token_logprobs.append((float(out.next_token_logprobs[j]), req.output_ids[-1]))
+            req.logprobs.output_token_logprobs.append((float(out.next_token_logprobs[j]), req.output_ids[-1]))
         if req.top_logprobs_num and out.top_logprobs is not None:
             values, ids = out.top_logprobs[j]
-            req.output_top_logprobs.append(list(zip(values, ids)))
+            req.logprobs.output_top_logprobs.append(list(zip(values, ids)))
         if req.token_ids_logprob is not None and out.token_ids_logprobs is not None:
             values, ids = out.token_ids_logprobs[j]
-            req.output_token_ids_logprobs.append(list(zip(values, ids)))
+            req.logprobs.output_token_ids_logprobs.append(list(zip(values, ids)))
