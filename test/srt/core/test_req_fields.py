@@ -27,7 +27,7 @@ REQ_ITERABLE = re.compile(r"reqs\b|reqs\(\)|_queue\b")
 # (file relative to srt/, name): objects of another type that happen to use a request-like name.
 NOT_REQ: Set[Tuple[str, str]] = set()
 # A request's sub-records (one owner each): their fields count as declared, as `record.field`.
-SUB_RECORDS = {"pd": req_module.PDTransfer, "logprobs": req_module.LogprobState, "grammar": req_module.GrammarState}
+SUB_RECORDS = {"kv": req_module.KVState, "pd": req_module.PDTransfer, "logprobs": req_module.LogprobState, "grammar": req_module.GrammarState}
 
 
 def _receiver(node: ast.AST) -> str:
@@ -114,9 +114,10 @@ def test_the_scan_sees_the_writes_it_guards():
     for expected in [("disaggregation/prefill.py", "pd.kv_sender"), ("disaggregation/decode.py", "pd.kv_receiver"),
                      ("core/req.py", "_abort_reason"), ("constrained/grammar_manager.py", "grammar.matcher"),
                      ("managers/scheduler_output.py", "logprobs.sent_len"),
+                     ("mem_cache/memory_manager.py", "kv.req_pool_idx"),
                      ("managers/scheduler_output.py", "is_chunked"), ("core/req.py", "num_retractions")]:
         assert expected in seen, expected
-    assert {"rid", "pd.kv_sender", "retraction_backup", "grammar", "grammar.matcher"} <= declared_fields()
+    assert {"rid", "pd.kv_sender", "kv.retraction_backup", "grammar", "grammar.matcher"} <= declared_fields()
 
 
 def test_an_undeclared_attribute_is_reported():

@@ -236,7 +236,7 @@ def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
 
         def check_slots():  # a running request never writes a tree node's slot
             tree_slots = {slot for _, slot, _, _ in _tree_states(decode).values()}
-            tree_slots_ok.append(all(r.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
+            tree_slots_ok.append(all(r.kv.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
 
         turn2 = pd.run(second, 40, room0=7100, on_step=check_slots)
         hits = decode.role.stats()["decode_radix_hit_tokens"]

@@ -2,10 +2,8 @@
 
 A `Req` walks: waiting -> (chunked) prefill -> running (decode) -> finished, possibly
 retracted back to waiting on memory pressure (a PD decode server keeps its KV in a backup and
-resumes it without prefill). Its KV lives in one row of the ReqToTokenPool (`req_pool_idx`);
-the first `cache_protected_len` entries of that row belong to the radix tree (locked through
-`last_node`), the rest to the request. Field owners: the scheduler (queues, outputs), the
-memory manager and radix cache (memory state), and one sub-record per other concern: `logprobs`
+resumes it without prefill). Field owners: the scheduler (queues, outputs), and one sub-record
+per other concern: `kv` (`KVState`, the memory manager and radix cache), `logprobs`
 (`LogprobState`, output processing), `pd` (`PDTransfer`, the PD roles), `grammar`
 (`GrammarState`, the grammar manager). `abort(reason)` is the one writer of `to_abort`.
 """
@@ -29,6 +27,26 @@ from sglang.srt.core.finish_reason import (
 
 # A stop regex that can match more than this many characters is checked on the whole output.
 STOP_REGEX_FULL_DECODE = 1 << 16
+
+
+@dataclasses.dataclass
+class KVState:
+    """Where the request's KV (and Mamba state) lives; owner: `MemoryManager` and the radix cache
+    (`mem_cache/`). Its KV is one row of the ReqToTokenPool (`req_pool_idx`); the first
+    `cache_protected_len` entries of that row belong to the radix tree (locked through
+    `last_node` / `lock_receipt`), the rest to the request. A retracted PD decode request's KV
+    waits in `retraction_backup` until it resumes."""
+
+    req_pool_idx: Optional[int] = None
+    prefix_indices: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    prefix_match: Any = None  # radix match found at admission, before it is locked
+    last_node: Any = None
+    lock_receipt: Any = None
+    cache_protected_len: int = 0
+    kv_len: int = 0  # tokens with KV in the pool
+    swa_freed_len: int = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
+    mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
+    retraction_backup: Optional[Any] = None
 
 
 @dataclasses.dataclass
@@ -106,17 +124,8 @@ class Req:
         self.queue_time_start = self.arrival_time  # entered the waiting queue (again, after a retraction)
         self.forward_entry_time: Optional[float] = None  # first scheduled into a batch
 
-        # Memory state (see module docstring).
-        self.req_pool_idx: Optional[int] = None
+        self.kv = KVState()
         self.fill_ids: List[int] = []  # tokens whose KV is written once the current forward ends
-        self.prefix_indices: torch.Tensor = torch.empty(0, dtype=torch.int64)
-        self.prefix_match = None  # radix match found at admission, before it is locked
-        self.last_node = None
-        self.lock_receipt = None
-        self.cache_protected_len = 0
-        self.kv_len = 0  # tokens with KV in the pool
-        self.swa_freed_len = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
-        self.mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
         self.extend_input_len = 0
         self.is_chunked = 0
 
@@ -132,8 +141,6 @@ class Req:
         self.tokenizer = None
 
         self.pd = PDTransfer()
-        # Decode retraction: where the KV (and Mamba state) wait until the request resumes.
-        self.retraction_backup: Optional[Any] = None
         self.grammar = GrammarState()
         # Embedding servers (layers/pooler.py): the pooled state over the chunks prefilled so
         # far, the finished vector, and whether pooling needs every prompt token (mean / CLS:
@@ -145,7 +152,7 @@ class Req:
     @property
     def kv_committed_len(self) -> int:
         """KV length the radix cache releases for this request (what is in the pool now)."""
-        return self.kv_len
+        return self.kv.kv_len
 
     # --- state ---------------------------------------------------------------------------
     @property
@@ -183,14 +190,8 @@ class Req:
 
     def reset_for_retract(self) -> None:
         self.num_retractions += 1
-        self.prefix_indices = torch.empty(0, dtype=torch.int64)
-        self.last_node = None
-        self.lock_receipt = None
-        self.cache_protected_len = 0
-        self.kv_len = 0
-        self.swa_freed_len = 0
-        self.req_pool_idx = None
-        self.mamba_pool_idx = None  # freed with the KV; the re-prefill (or resume) gets a new one
+        # Everything but the backup: the re-prefill (or resume) gets a new row, slots and Mamba slot.
+        self.kv = KVState(retraction_backup=self.kv.retraction_backup)
         self.is_chunked = 0
 
     def advance_grammar(self) -> None:

@@ -127,7 +127,7 @@ class DecodeRole(ServerRole):
             "num_prealloc_queue_reqs": len(self.prealloc_queue),
             "num_transfer_queue_reqs": len(self.transfer_queue),
             "num_retracted_queue_reqs": len(self.retracted_queue),
-            "pre_allocated_tokens": sum(r.kv_len for r in self.transfer_queue),
+            "pre_allocated_tokens": sum(r.kv.kv_len for r in self.transfer_queue),
             "decode_radix_hit_tokens": self.radix_hit_tokens,
             "num_kv_transfer_failures": self.num_transfer_failures,
         }
@@ -218,7 +218,7 @@ class DecodeRole(ServerRole):
         self.radix_hit_tokens += prefix
         self.prealloc_queue.remove(req)
         self.transfer_queue.append(req)
-        state_indices = [[req.mamba_pool_idx]] if req.mamba_pool_idx is not None else None
+        state_indices = [[req.kv.mamba_pool_idx]] if req.kv.mamba_pool_idx is not None else None
         req.pd.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
                                       decode_prefix_len=prefix)
         return "next"
@@ -323,7 +323,7 @@ class DecodeRole(ServerRole):
                 req.abort(memory.retraction_abort_reason())
             logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
             return False
-        req.retraction_backup = saved
+        req.kv.retraction_backup = saved
         req.reset_for_retract()
         return True
 
@@ -336,7 +336,7 @@ class DecodeRole(ServerRole):
                 break
 
     def _resume(self, req: Req) -> str:
-        n, memory = req.retraction_backup.kv_len, self.s.memory
+        n, memory = req.kv.retraction_backup.kv_len, self.s.memory
         if self.s.running_reqs and self._allocatable_tokens() < n + memory.page_size:
             return "stop"
         if not memory.restore(req):

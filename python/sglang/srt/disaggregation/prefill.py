@@ -159,7 +159,7 @@ class PrefillRole(ServerRole):
     def after_chunk(self, req: Req) -> None:
         """A non-last chunk is done: send its whole pages (the partial last page waits)."""
         ps = self.s.page_size
-        end = req.kv_len // ps * ps
+        end = req.kv.kv_len // ps * ps
         if end > req.pd.sent_kv_len and self._destination_known(req):  # else they go with the last chunk
             self._send(req, req.pd.sent_kv_len, end, is_last=False)
 
@@ -180,7 +180,7 @@ class PrefillRole(ServerRole):
             bootstrap_room=req.pd.bootstrap_room % (1 << 63),
         )
         if self._destination_known(req):
-            self._send(req, req.pd.sent_kv_len, req.kv_len, is_last=True)
+            self._send(req, req.pd.sent_kv_len, req.kv.kv_len, is_last=True)
         self.inflight_queue.append(req)  # else sent from there when the decode's slots arrive
         return True
 
@@ -198,8 +198,8 @@ class PrefillRole(ServerRole):
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
         slots = self.s.memory.kv_slots(req, start, end)
         state_indices = None
-        if req.mamba_pool_idx is not None and is_last:
-            state_indices = [[req.mamba_pool_idx]]
+        if req.kv.mamba_pool_idx is not None and is_last:
+            state_indices = [[req.kv.mamba_pool_idx]]
         req.pd.kv_sender.send(kv_to_page_indices(slots, self.s.page_size), state_indices=state_indices, is_last=is_last)
         req.pd.sent_kv_len = end
 
@@ -212,7 +212,7 @@ class PrefillRole(ServerRole):
         state = req.pd.kv_sender.poll()
         if state == KVPoll.WaitingForInput and not req.pd.kv_destination_known:  # optimistic prefill: send it now
             req.pd.kv_destination_known = True
-            self._send(req, req.pd.sent_kv_len, req.kv_len, is_last=True)
+            self._send(req, req.pd.sent_kv_len, req.kv.kv_len, is_last=True)
         elif state == KVPoll.Success:
             self.inflight_queue.remove(req)
             self._record_transfer(req)
@@ -258,7 +258,7 @@ class PrefillRole(ServerRole):
         if req.pd.metadata_idx is not None:
             self.metadata_allocator.free(req.pd.metadata_idx)
             req.pd.metadata_idx = None
-        self.s.memory.release(req, insert=insert and req.kv_len == req.seqlen - 1)
+        self.s.memory.release(req, insert=insert and req.kv.kv_len == req.seqlen - 1)
         if req.pd.kv_sender is not None:
             req.pd.kv_sender.clear()
         req.pd.kv_sender = None

@@ -40,8 +40,8 @@ class ScheduleBatch:
         from sglang.srt.model_executor.forward_batch import ForwardBatch
 
         reqs = list(self.reqs) + list(decoding_reqs)
-        prefix_lens = [len(r.prefix_indices) for r in self.reqs] + [r.kv_len for r in decoding_reqs]
-        seq_lens = [len(r.fill_ids) for r in self.reqs] + [r.kv_len + 1 for r in decoding_reqs]
+        prefix_lens = [len(r.kv.prefix_indices) for r in self.reqs] + [r.kv.kv_len for r in decoding_reqs]
+        seq_lens = [len(r.fill_ids) for r in self.reqs] + [r.kv.kv_len + 1 for r in decoding_reqs]
         out_cache_loc = self.memory.reserve(reqs, prefix_lens, seq_lens)
         if out_cache_loc is None:
             return None
@@ -52,7 +52,7 @@ class ScheduleBatch:
         return self._with_mamba(ForwardBatch.for_extend(
             new_tokens,
             prefix_lens,
-            [r.req_pool_idx for r in reqs],
+            [r.kv.req_pool_idx for r in reqs],
             out_cache_loc,
             device=self.device,
             return_full_logits=return_full_logits,
@@ -62,7 +62,7 @@ class ScheduleBatch:
         """Hybrid SSM models: each request's Mamba state slot (the worker attaches the pool)."""
         if self.memory.has_state_slots:
             forward_batch.mamba_pool_indices = torch.tensor(
-                [r.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
+                [r.kv.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
                 device=self.device,
             )
         return forward_batch
@@ -74,7 +74,7 @@ class ScheduleBatch:
     def prepare_for_decode(self):
         from sglang.srt.model_executor.forward_batch import ForwardBatch
 
-        seq_lens = [r.kv_len + 1 for r in self.reqs]
+        seq_lens = [r.kv.kv_len + 1 for r in self.reqs]
         out_cache_loc = self.memory.reserve_decode(self.reqs)
         if out_cache_loc is None:
             return None
@@ -83,7 +83,7 @@ class ScheduleBatch:
         return self._with_mamba(ForwardBatch.for_decode(
             [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in self.reqs],
             seq_lens,
-            [r.req_pool_idx for r in self.reqs],
+            [r.kv.req_pool_idx for r in self.reqs],
             out_cache_loc,
             device=self.device,
         ))

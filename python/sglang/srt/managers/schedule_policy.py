@@ -29,7 +29,7 @@ def order_waiting_queue(queue: List[Req], policy: str, memory, priority_scheduli
     if policy == "lpm" and len(queue) > 1:
         for r in queue:
             match_prefix(r, memory)
-        queue.sort(key=lambda r: -len(r.prefix_indices))
+        queue.sort(key=lambda r: -len(r.kv.prefix_indices))
     if priority_scheduling:
         sign = 1 if low_priority_values_first else -1
         queue.sort(key=lambda r: (sign * (r.priority or 0), r.arrival_time))
@@ -61,13 +61,13 @@ class PrefillAdder:
     def _state_slot_available(self, match=None) -> bool:
         """Hybrid SSM models: a Mamba slot for one more request; `match`: the prefix it will lock,
         whose state the admission pins until it is copied (so it cannot be evicted for the slot)."""
-        need = sum(1 for r in self.can_run if r.mamba_pool_idx is None) + 1
+        need = sum(1 for r in self.can_run if r.kv.mamba_pool_idx is None) + 1
         return self.memory.state_slots_admissible(need, match)
 
     def add_chunked_req(self, req: Req) -> Optional[Req]:
         """Continues a request whose prompt is being prefilled in chunks. Returns it if still chunked."""
         full = req.all_ids()
-        prefix_len = len(req.prefix_indices)
+        prefix_len = len(req.kv.prefix_indices)
         remaining = len(full) - prefix_len
         take = min(remaining, self._room())
         if take < remaining:  # not the last chunk: end it on a page boundary
@@ -102,11 +102,11 @@ class PrefillAdder:
         if not self._state_slot_available():
             return "no_room"
         match_prefix(req, self.memory)
-        if self.memory.has_state_slots and not self._state_slot_available(req.prefix_match):
+        if self.memory.has_state_slots and not self._state_slot_available(req.kv.prefix_match):
             # The only state that could be evicted for this request's slot is the one its match
             # needs: start from no prefix rather than wait for a slot that never comes.
             self.memory.match_prefix(req, empty=True)
-        prefix_len = len(req.prefix_indices)
+        prefix_len = len(req.kv.prefix_indices)
         extend_len = len(req.fill_ids) - prefix_len
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
         total_need = extend_len + min(left, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio

@@ -288,7 +288,7 @@ class Scheduler:
             if req is self.queues.chunked:
                 continue
             self.memory.release(req)
-            req.prefix_indices = torch.empty(0, dtype=torch.int64)
+            req.kv.prefix_indices = torch.empty(0, dtype=torch.int64)
             self.queues.waiting.insert(0, req)
 
     def run_extend(self, batch: ScheduleBatch, forward_batch, decoding: List[Req] = ()) -> None:

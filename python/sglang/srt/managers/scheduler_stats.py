@@ -28,7 +28,7 @@ class SchedulerStats:
 
     def log_prefill(self, reqs, queues, memory, role) -> None:
         new_tokens = sum(r.extend_input_len for r in reqs)
-        cached = sum(len(r.prefix_indices) for r in reqs)
+        cached = sum(len(r.kv.prefix_indices) for r in reqs)
         _, usage = memory.token_usage()
         msg = (f"Prefill batch. #new-seq: {len(reqs)}, #new-token: {new_tokens}, #cached-token: {cached}, "
                f"token usage: {usage:.2f}, #running-req: {len(queues.running)}, "

@@ -276,7 +276,7 @@ class MemoryManager:
 
     def kv_slots(self, req, start: int, end: int) -> torch.Tensor:
         """The KV slots of a request's tokens [start, end)."""
-        return self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end]
 
     def retraction_abort_reason(self):
         """Why a retracted request could not be backed up (the store is full)."""
@@ -308,21 +308,21 @@ class MemoryManager:
         return self.mamba_pool.available_size() + evictable >= need
 
     def match_prefix(self, req, with_state: bool = True, empty: bool = False) -> None:
-        """Sets `req.prefix_match` / `req.prefix_indices`: the longest cached prefix of
+        """Sets `req.kv.prefix_match` / `req.kv.prefix_indices`: the longest cached prefix of
         `req.fill_ids[:req.max_prefix_len()]` (no lock taken). `with_state=False`: the request's
         recurrent state comes from elsewhere (PD decode); `empty`: no prefix (the root's match)."""
         from sglang.srt.mem_cache.radix_key import RadixKey
         from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
 
         tokens = [] if empty else req.fill_ids[: req.max_prefix_len()]
-        req.prefix_match = self.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key),
+        req.kv.prefix_match = self.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key),
                                                                           with_state=with_state))
-        req.prefix_indices = req.prefix_match.device_indices
+        req.kv.prefix_indices = req.kv.prefix_match.device_indices
 
     def lock_prefix(self, req) -> None:
         """Locks the prefix `match_prefix` found, so that allocating this batch cannot evict it."""
-        self.tree_cache.assign_prefix(req, req.prefix_match)
-        req.prefix_match = None
+        self.tree_cache.assign_prefix(req, req.kv.prefix_match)
+        req.kv.prefix_match = None
 
     def match_and_lock(self, req, with_state: bool = True) -> int:
         """Matches and locks `req`'s longest cached prefix; returns its length (0 without a tree).
@@ -333,14 +333,14 @@ class MemoryManager:
         self.lock_prefix(req)
         if not with_state:
             self.tree_cache.release_prefix_state_lock(req)
-        return len(req.prefix_indices)
+        return len(req.kv.prefix_indices)
 
     def unlock(self, req) -> None:
         """Undoes `match_and_lock` for a request that holds nothing else yet (it matches again later)."""
-        if req.last_node is not None:
+        if req.kv.last_node is not None:
             self.release(req)
-        req.prefix_indices = torch.empty(0, dtype=torch.int64)
-        req.cache_protected_len = 0
+        req.kv.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.kv.cache_protected_len = 0
 
     # --- operations ----------------------------------------------------------------------------
     def _alloc_state_slot(self) -> Optional[int]:
@@ -354,9 +354,9 @@ class MemoryManager:
         return None if slots is None else slots[0]
 
     def _free_state_slot(self, req) -> None:
-        if req.mamba_pool_idx is not None:
-            self.mamba_pool.free(req.mamba_pool_idx)
-        req.mamba_pool_idx = None
+        if req.kv.mamba_pool_idx is not None:
+            self.mamba_pool.free(req.kv.mamba_pool_idx)
+        req.kv.mamba_pool_idx = None
 
     def _evict(self, num_tokens: int) -> None:
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
@@ -396,11 +396,11 @@ class MemoryManager:
                 init_mamba_state: bool = True) -> Optional[torch.Tensor]:
         """The one reservation routine (prefill batches, PD pre-allocation, retraction resume).
 
-        Requests without a row get one (with `req.prefix_indices` written into it) and, on a
+        Requests without a row get one (with `req.kv.prefix_indices` written into it) and, on a
         hybrid SSM model, a Mamba slot (its state copied from the matched prefix, or zeroed, when
         `init_mamba_state`; a PD transfer or a restore fills it otherwise); then one KV
         allocation covers every request's new tokens, evicting unlocked tree nodes when short.
-        Sets `req.kv_len = seq_len`. Returns the new tokens' slots, concatenated; None when
+        Sets `req.kv.kv_len = seq_len`. Returns the new tokens' slots, concatenated; None when
         memory does not suffice, with everything this call took given back."""
         taken_rows, taken_slots = [], []
 
@@ -408,40 +408,40 @@ class MemoryManager:
             for req in taken_slots:
                 self._free_state_slot(req)
             for req in taken_rows:
-                self.req_to_token_pool.free(req.req_pool_idx)
-                req.req_pool_idx = None
+                self.req_to_token_pool.free(req.kv.req_pool_idx)
+                req.kv.req_pool_idx = None
 
         for req in reqs:
-            if req.req_pool_idx is None:
+            if req.kv.req_pool_idx is None:
                 rows = self.req_to_token_pool.alloc(1)
                 if rows is None:
                     rollback()
                     return None
-                req.req_pool_idx = rows[0]
+                req.kv.req_pool_idx = rows[0]
                 taken_rows.append(req)
-                if len(req.prefix_indices):
-                    self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
-            if self.mamba_pool is not None and req.mamba_pool_idx is None:
+                if len(req.kv.prefix_indices):
+                    self.req_to_token_pool.write(req.kv.req_pool_idx, 0, req.kv.prefix_indices)
+            if self.mamba_pool is not None and req.kv.mamba_pool_idx is None:
                 slot = self._alloc_state_slot()  # evicts a tree state when none is free
                 if slot is None:
                     rollback()
                     return None
-                req.mamba_pool_idx = slot
+                req.kv.mamba_pool_idx = slot
                 taken_slots.append(req)
                 if init_mamba_state:
                     self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
         out = self._alloc_kv(prefix_lens, seq_lens, self._last_locs(rows, prefix_lens))
         if out is None:
             rollback()
             return None
         self._write_rows(rows, prefix_lens, seq_lens, out)
         for req, s in zip(reqs, seq_lens):
-            req.kv_len = s
+            req.kv.kv_len = s
         return out
 
     def new_pages_for_decode(self, reqs: Sequence[Any]) -> int:
-        return sum(1 for r in reqs if r.kv_len % self.page_size == 0) * self.page_size
+        return sum(1 for r in reqs if r.kv.kv_len % self.page_size == 0) * self.page_size
 
     def decode_fits(self, reqs: Sequence[Any]) -> bool:
         """Whether the next token of every request fits (evicting unlocked tree nodes if needed)."""
@@ -454,19 +454,19 @@ class MemoryManager:
 
     def reserve_decode(self, reqs: Sequence[Any]) -> Optional[torch.Tensor]:
         """One KV slot per request for its next token (`decode_fits` was checked)."""
-        return self.reserve(reqs, [r.kv_len for r in reqs], [r.kv_len + 1 for r in reqs], init_mamba_state=False)
+        return self.reserve(reqs, [r.kv.kv_len for r in reqs], [r.kv.kv_len + 1 for r in reqs], init_mamba_state=False)
 
     def release(self, req, insert: bool = False) -> None:
         """Gives back a request's memory: its KV into the radix tree (`insert`: finished requests
         whose KV is complete) or to the pool, its row, its Mamba slot and its prefix lock."""
-        if req.req_pool_idx is None:  # admitted (prefix locked) but never allocated
-            if req.last_node is not None:
-                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
-            req.last_node, req.lock_receipt = None, None
+        if req.kv.req_pool_idx is None:  # admitted (prefix locked) but never allocated
+            if req.kv.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.kv.last_node, req.kv.lock_receipt)
+            req.kv.last_node, req.kv.lock_receipt = None, None
             self._free_state_slot(req)
             return
         self.tree_cache.cache_finished_req(req, is_insert=insert)
-        req.req_pool_idx = None
+        req.kv.req_pool_idx = None
 
     def cache_unfinished(self, req, chunked: bool = False) -> None:
         """A request that keeps running shares its prompt's KV through the radix tree."""
@@ -475,35 +475,35 @@ class MemoryManager:
     def free_swa_out_of_window(self, req, window: int) -> None:
         """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to
         (only the request's own pages, past cache_protected_len; the tree keeps its own)."""
-        end = (req.kv_len - window) // self.page_size * self.page_size
-        start = max(req.swa_freed_len, req.cache_protected_len)
+        end = (req.kv.kv_len - window) // self.page_size * self.page_size
+        start = max(req.kv.swa_freed_len, req.kv.cache_protected_len)
         if end > start:
-            self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].clone())
-            req.swa_freed_len = end
+            self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end].clone())
+            req.kv.swa_freed_len = end
 
     # --- retraction backups (PD decode) --------------------------------------------------------
     def backup_for_retraction(self, req) -> Optional[Any]:
         """Copies a running request's KV (and Mamba state) into the retraction store; None when
         the store cannot keep it. The caller then releases the request's memory."""
-        indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
-        return self.retraction_store.backup(indices, req.mamba_pool_idx)
+        indices = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_len].clone()
+        return self.retraction_store.backup(indices, req.kv.mamba_pool_idx)
 
     def restore(self, req) -> bool:
         """Reserves fresh slots for a retracted request and copies its backup into them (no
         recomputation). False: memory does not suffice yet (nothing was taken)."""
-        backup = req.retraction_backup
+        backup = req.kv.retraction_backup
         n = backup.kv_len
         slots = self.reserve([req], [0], [n], init_mamba_state=False)
         if slots is None:
             return False
-        self.retraction_store.restore(backup, slots, req.mamba_pool_idx)
-        req.retraction_backup = None
+        self.retraction_store.restore(backup, slots, req.kv.mamba_pool_idx)
+        req.kv.retraction_backup = None
         return True
 
     def discard_backup(self, req) -> None:
-        if req.retraction_backup is not None:
-            self.retraction_store.discard(req.retraction_backup)
-            req.retraction_backup = None
+        if req.kv.retraction_backup is not None:
+            self.retraction_store.discard(req.kv.retraction_backup)
+            req.kv.retraction_backup = None
 
     # --- accounting -------------------------------------------------------------------------------
     def flush(self) -> None:
