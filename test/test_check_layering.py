@@ -56,6 +56,35 @@ def test_checker_finds_cycles_and_upward_imports(tmp_path):
     ])
 
 
+def test_checker_finds_memory_internals_outside_mem_cache(tmp_path):
+    """Each forbidden read outside mem_cache/ is reported: the tree, the allocator, a node's lock
+    count, the retraction store, and a pool read off the memory manager; the same reads inside
+    mem_cache/, a pool read off the DevicePools record, and code outside srt/ are not."""
+    root = tmp_path / "sglang"
+    _write(root, "srt/managers/policy.py", "def f(memory):\n    return memory.tree_cache.evictable_size()\n")
+    _write(root, "srt/disaggregation/decode.py", "def f(self):\n    return self.s.memory.allocator.available_size()\n")
+    _write(root, "srt/managers/adder.py", "def f(node):\n    return node.lock_ref == 0\n")
+    _write(root, "srt/disaggregation/role.py", "def f(m):\n    return m.retraction_store.abort_reason()\n")
+    _write(root, "srt/disaggregation/prefill.py", "def f(self):\n    return self.memory.req_to_token_pool\n")
+    _write(root, "srt/model_executor/runner.py", "def f(memory):\n    return memory.mamba_pool, memory.token_to_kv_pool\n")
+    _write(root, "srt/managers/alloc.py", "def f(x):\n    return x.token_to_kv_pool_allocator\n")
+    # Allowed: inside mem_cache/, the DevicePools record, the forward batch's pools, outside srt/.
+    _write(root, "srt/mem_cache/memory_manager.py", "def f(self):\n    return self.tree_cache, self.allocator\n")
+    _write(root, "srt/model_executor/ok.py", "def f(pools, fb):\n    return pools.token_to_kv_pool, fb.mamba_pool\n")
+    _write(root, "test/util.py", "def f(sched):\n    return sched.memory.allocator\n")
+    bad = check_layering.memory_internal_accesses(check_layering.module_files(root))
+    assert bad == sorted([
+        ("sglang.srt.disaggregation.decode", 2, ".allocator"),
+        ("sglang.srt.disaggregation.prefill", 2, ".req_to_token_pool"),
+        ("sglang.srt.disaggregation.role", 2, ".retraction_store"),
+        ("sglang.srt.managers.adder", 2, ".lock_ref"),
+        ("sglang.srt.managers.alloc", 2, ".token_to_kv_pool_allocator"),
+        ("sglang.srt.managers.policy", 2, ".tree_cache"),
+        ("sglang.srt.model_executor.runner", 2, ".mamba_pool"),
+        ("sglang.srt.model_executor.runner", 2, ".token_to_kv_pool"),
+    ])
+
+
 SERVER_ARGS_NAMES = {"server_args", "sa", "args"}
 SERVER_ARGS_HOME = {"server_args.py", "server_args_fields.py", "server_args_cli.py", "server_args_compat.py",
                     "server_args_resolution.py", "server_args_upstream_flags.py", "check_server_args.py"}

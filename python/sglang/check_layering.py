@@ -8,6 +8,13 @@ Rules (docs/architecture.md):
     see the scheduler through the narrow facade of `srt.managers.server_role`.
 Imports inside functions count as well: a lazy import is still an arrow.
 
+And one rule on attribute reads, memory behind one door: outside `srt.mem_cache`, no code in
+`srt` reaches the radix tree, the KV allocator, a tree node's lock count or the retraction store
+(`.tree_cache`, `.allocator`, `.token_to_kv_pool_allocator`, `.lock_ref`, `.retraction_store`),
+nor a pool through the memory manager (`memory.req_to_token_pool`, `.token_to_kv_pool`,
+`.mamba_pool`): it asks `MemoryManager`, and the pools leave `mem_cache/` only as its
+`DevicePools` record (for the forward and the KV transfer engines).
+
 Exit code 0 when clean; otherwise every cycle and upward arrow is printed and the exit code is 1.
 """
 
@@ -27,6 +34,11 @@ FORBIDDEN = [
     ("sglang.srt.mem_cache", "sglang.srt.entrypoints"),
     ("sglang.srt.disaggregation", "sglang.srt.managers.scheduler"),
 ]
+
+
+MEMORY_PACKAGE = "sglang.srt.mem_cache"
+MEMORY_INTERNALS = ("tree_cache", "allocator", "token_to_kv_pool_allocator", "lock_ref", "retraction_store")
+MEMORY_POOLS = ("req_to_token_pool", "token_to_kv_pool", "mamba_pool")  # private when read off the manager
 
 
 def module_files(root: pathlib.Path = PACKAGE_ROOT) -> Dict[str, pathlib.Path]:
@@ -132,16 +144,39 @@ def upward_imports(graph: Dict[str, Set[str]]) -> List[Tuple[str, str]]:
     return sorted(bad)
 
 
+def _is_memory_manager(node: ast.AST) -> bool:
+    """`memory` or `<anything>.memory`: how the code names its MemoryManager."""
+    return (isinstance(node, ast.Name) and node.id == "memory") or (isinstance(node, ast.Attribute)
+                                                                     and node.attr == "memory")
+
+
+def memory_internal_accesses(files: Dict[str, pathlib.Path]) -> List[Tuple[str, int, str]]:
+    """(module, line, what) for every read of memory internals outside `srt.mem_cache`."""
+    bad = []
+    for module, path in files.items():
+        if not _within(module, "sglang.srt") or _within(module, MEMORY_PACKAGE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr in MEMORY_INTERNALS or (node.attr in MEMORY_POOLS and _is_memory_manager(node.value)):
+                bad.append((module, node.lineno, f".{node.attr}"))
+    return sorted(bad)
+
+
 def main() -> int:
-    graph = import_graph(module_files())
-    cycles, upward = find_cycles(graph), upward_imports(graph)
+    files = module_files()
+    graph = import_graph(files)
+    cycles, upward, memory = find_cycles(graph), upward_imports(graph), memory_internal_accesses(files)
     for comp in cycles:
         print(f"import cycle ({len(comp)} modules): {' <-> '.join(comp)}")
     for module, dep in upward:
         print(f"upward import: {module} -> {dep}")
-    if cycles or upward:
+    for module, line, what in memory:
+        print(f"memory internals outside mem_cache/: {module}:{line} reads {what} (ask MemoryManager)")
+    if cycles or upward or memory:
         return 1
-    print(f"layering OK: {len(graph)} modules, no cycle, no upward import")
+    print(f"layering OK: {len(graph)} modules, no cycle, no upward import, memory behind MemoryManager")
     return 0
 
 

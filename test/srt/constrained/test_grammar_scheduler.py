@@ -55,7 +55,7 @@ def text_of(sched, req):
 
 def assert_stopped_by_grammar(sched, req):
     assert req.finished_reason.to_json()["type"] == "stop", (req.rid, req.finished_reason.to_json())
-    assert req.output_ids[-1] in sched.eos_token_ids  # the grammar ends by allowing only EOS
+    assert req.output_ids[-1] in sched.intake.limits.eos_token_ids  # the grammar ends by allowing only EOS
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

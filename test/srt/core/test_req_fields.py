@@ -6,12 +6,15 @@ to readers of the class, has no default on the paths that never set it, and invi
   * receivers named `req`, `r`, `rq`, `last`, `victim`, or anything ending in `_req`
     (`self.chunked_req.x = ...`, `w.req.x = ...`);
   * loop variables over request lists and queues (`for x in self.running_reqs`, `..._queue`);
-  * `self.x = ...` inside class `Req` itself, and `setattr(req, "x", ...)`.
+  * `self.x = ...` inside class `Req` itself, and `setattr(req, "x", ...)`;
+  * writes into a request's sub-records (`req.pd.x`, `req.logprobs.x`, `req.grammar.x`), which
+    must be fields of that record's dataclass (`PDTransfer`, `LogprobState`, `GrammarState`).
 
 Names that hold something else in a file are listed in NOT_REQ with the reason.
 """
 
 import ast
+import dataclasses
 import pathlib
 import re
 from typing import Iterator, Set, Tuple
@@ -23,6 +26,8 @@ REQ_NAMES = {"req", "r", "rq", "last", "victim"}
 REQ_ITERABLE = re.compile(r"reqs\b|reqs\(\)|_queue\b")
 # (file relative to srt/, name): objects of another type that happen to use a request-like name.
 NOT_REQ: Set[Tuple[str, str]] = set()
+# A request's sub-records (one owner each): their fields count as declared, as `record.field`.
+SUB_RECORDS = {"kv": req_module.KVState, "pd": req_module.PDTransfer, "logprobs": req_module.LogprobState, "grammar": req_module.GrammarState}
 
 
 def _receiver(node: ast.AST) -> str:
@@ -68,6 +73,11 @@ def req_attribute_writes(source: str, rel: str) -> Iterator[Tuple[int, str, str]
             name = _receiver(attr.value)
             if (rel, name) in NOT_REQ:
                 continue
+            if name in SUB_RECORDS and isinstance(attr.value, ast.Attribute):
+                owner = _receiver(attr.value.value)
+                if owner in req_names or _is_req_name(owner):
+                    yield node.lineno, owner, f"{name}.{attr.attr}"
+                continue
             if name in req_names or _is_req_name(name) or (name == "self" and id(node) in in_req_class):
                 yield node.lineno, name, attr.attr
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
@@ -80,8 +90,9 @@ def declared_fields() -> Set[str]:
     tree = ast.parse(pathlib.Path(req_module.__file__).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Req")
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    return {a.attr for node in ast.walk(init) for a in _stores(node)
-            if isinstance(a.value, ast.Name) and a.value.id == "self"}
+    own = {a.attr for node in ast.walk(init) for a in _stores(node)
+           if isinstance(a.value, ast.Name) and a.value.id == "self"}
+    return own | {f"{name}.{f.name}" for name, cls in SUB_RECORDS.items() for f in dataclasses.fields(cls)}
 
 
 def _all_writes():
@@ -100,11 +111,13 @@ def test_every_attribute_set_on_a_req_is_declared_in_its_init():
 def test_the_scan_sees_the_writes_it_guards():
     """The scan is not vacuous: it finds the PD, cache, grammar and loop-variable writes."""
     seen = {(where.split(":")[0], attr) for where, _, attr in _all_writes()}
-    for expected in [("disaggregation/prefill.py", "kv_sender"), ("disaggregation/decode.py", "kv_receiver"),
-                     ("managers/schedule_batch.py", "to_abort"), ("constrained/grammar_manager.py", "grammar"),
-                     ("managers/scheduler.py", "is_chunked"), ("core/req.py", "num_retractions")]:
+    for expected in [("disaggregation/prefill.py", "pd.kv_sender"), ("disaggregation/decode.py", "pd.kv_receiver"),
+                     ("core/req.py", "_abort_reason"), ("constrained/grammar_manager.py", "grammar.matcher"),
+                     ("managers/scheduler_output.py", "logprobs.sent_len"),
+                     ("mem_cache/memory_manager.py", "kv.req_pool_idx"),
+                     ("managers/scheduler_output.py", "is_chunked"), ("core/req.py", "num_retractions")]:
         assert expected in seen, expected
-    assert {"rid", "kv_sender", "retraction_backup", "grammar"} <= declared_fields()
+    assert {"rid", "pd.kv_sender", "kv.retraction_backup", "grammar", "grammar.matcher"} <= declared_fields()
 
 
 def test_an_undeclared_attribute_is_reported():
@@ -118,6 +131,9 @@ def test_an_undeclared_attribute_is_reported():
         "    for q in (self.waiting_queue, self.running_reqs):\n"
         "        q.not_a_req = 4\n"
         "    other.fine = 5\n"
+        "    req.pd.bogus_pd = 6\n"
+        "    other.pd.fine = 7\n"
     )
     found = [attr for _, _, attr in req_attribute_writes(source, "x.py")]
-    assert sorted(found) == ["bogus", "bogus_chunk", "bogus_loop", "bogus_set"], found
+    assert sorted(found) == ["bogus", "bogus_chunk", "bogus_loop", "bogus_set", "pd.bogus_pd"], found
+    assert "pd.bogus_pd" not in declared_fields()

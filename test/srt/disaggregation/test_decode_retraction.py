@@ -47,7 +47,7 @@ def test_retracted_requests_resume_without_recompute(model_dir, hf_model, backup
     reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(ps)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
-    assert sched.num_recomputed_tokens == 0
+    assert sched.stats.num_recomputed_tokens == 0
     for r, p in zip(reqs, ps):
         assert r.finished_reason.to_json() == {"type": "length", "length": 40}
         assert r.output_ids == hf_greedy(hf_model, p, 40), r.rid
@@ -131,7 +131,7 @@ def test_constrained_requests_resume_with_their_grammar_state(model_dir, backup)
     reqs = [submit(sched, f"g{i}", p, 130, regex=regex) for i, p in enumerate(ps)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
-    assert sched.num_recomputed_tokens == 0
+    assert sched.stats.num_recomputed_tokens == 0
     for r in reqs:
         assert r.finished_reason.to_json()["type"] == "stop", r.finished_reason.to_json()
         text = sched.tokenizer.decode(r.output_ids, skip_special_tokens=True)

@@ -49,7 +49,7 @@ def test_cpu_tensor_retraction_restores_kv_and_mamba_state(arch_models, backup):
     reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(ps)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
-    assert sched.num_recomputed_tokens == 0
+    assert sched.stats.num_recomputed_tokens == 0
     for r, p in zip(reqs, ps):
         assert r.finished_reason.to_json() == {"type": "length", "length": 40}
         assert r.output_ids == hf_greedy(hf, p, 40), r.rid
@@ -97,7 +97,7 @@ def test_host_pool_backs_up_kv_and_mamba_state_with_the_opt_in(arch_models, auto
     reqs = [submit(sched, f"h{i}", p, 40) for i, p in enumerate(ps)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
-    assert sched.num_recomputed_tokens == 0
+    assert sched.stats.num_recomputed_tokens == 0
     for r, p in zip(reqs, ps):
         assert r.finished_reason.to_json() == {"type": "length", "length": 40}
         assert r.output_ids == hf_greedy(hf, p, 40), r.rid
@@ -236,12 +236,12 @@ def test_decode_radix_cache_hits_around_host_pool_retraction(arch_models):
 
         def check_slots():  # a running request never writes a tree node's slot
             tree_slots = {slot for _, slot, _, _ in _tree_states(decode).values()}
-            tree_slots_ok.append(all(r.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
+            tree_slots_ok.append(all(r.kv.mamba_pool_idx not in tree_slots for r in decode.running_reqs))
 
         turn2 = pd.run(second, 40, room0=7100, on_step=check_slots)
         hits = decode.role.stats()["decode_radix_hit_tokens"]
         assert hits >= 3 * 49, hits  # second-turn prompts reused 49 tokens (prompt + output - 1) where still cached
-        assert sum(r.num_retractions for r in turn2) > 0 and decode.num_recomputed_tokens == 0
+        assert sum(r.num_retractions for r in turn2) > 0 and decode.stats.num_recomputed_tokens == 0
         assert all(tree_slots_ok)
         for r, p in zip(turn2, second):
             assert r.finished_reason.to_json() == {"type": "length", "length": 40}, r.finished_reason.to_json()

@@ -79,7 +79,7 @@ def test_all_greedy_decode_takes_the_argmax_in_the_lm_head(model_dir, hf_model, 
         assert greedy.output_ids == hf_greedy(hf_model, prompts[0], 5)
         assert len(odd.output_ids) == 5
         if extra.get("return_logprob"):
-            assert len(odd.output_token_logprobs) == 5
+            assert len(odd.logprobs.output_token_logprobs) == 5
     assert_no_leak(sched)
 
 
@@ -164,7 +164,7 @@ def test_hybrid_swa_model_matches_hf_under_pressure(tmp_path_factory, page_size)
     d = make_tiny_model(str(tmp_path_factory.mktemp("swa")), "qwen3_swa", seed=4)
     hf = load_hf_model(d)
     sched = make_scheduler(d, page_size=page_size, max_total_tokens=288, chunked_prefill_size=48)
-    assert sched.model_runner.memory.is_hybrid_swa
+    assert sched.worker.model_runner.memory.is_hybrid_swa
     prefix = random_prompts([64], seed=30)[0]
     prompts = [prefix + p for p in random_prompts([20] * 6, seed=31)]
     reqs = [submit(sched, f"s{i}", p, 30) for i, p in enumerate(prompts)]

@@ -47,7 +47,7 @@ def test_waiting_and_running_timeouts(model_dir, monkeypatch):
     monkeypatch.setenv("SGLANG_QUEUED_TIMEOUT_MS", "300")  # the deprecated name, in milliseconds
     monkeypatch.setenv("SGLANG_REQ_RUNNING_TIMEOUT", "0.5")
     sched = make_scheduler(model_dir, max_running_requests=1)
-    assert sched.waiting_timeout_s == pytest.approx(0.3) and sched.running_timeout_s == 0.5
+    assert sched.intake.waiting_timeout_s == pytest.approx(0.3) and sched.intake.running_timeout_s == 0.5
     runner = submit(sched, "runs", [5, 6, 7], 100000)
     waiter = submit(sched, "waits", [8, 9], 4)
     run_to_completion(sched)

@@ -55,7 +55,7 @@ def test_a_failing_batch_aborts_only_its_requests(model_dir, hf_model):
     healthy = random_prompts([12, 20], seed=1)
     early = [submit(sched, f"ok{i}", p, 8) for i, p in enumerate(healthy)]
     run_to_completion(sched)
-    sched.model_runner.forward = PoisonedForward(sched.model_runner, poison)
+    sched.worker.model_runner.forward = PoisonedForward(sched.worker.model_runner, poison)
     bad = submit(sched, "bad", [7, 8, poison, 9], 8)
     for _ in range(3):  # the bad request's prefill batch fails; the loop's recovery runs
         try:
@@ -100,7 +100,7 @@ def test_a_scheduler_gives_its_turn_back_after_every_step(model_dir, hf_model, m
         assert _turn_is_free(path)
     assert sched.turns.turns_taken == sched.forward_ct > 0
     poison = 4242
-    sched.model_runner.forward = PoisonedForward(sched.model_runner, poison)
+    sched.worker.model_runner.forward = PoisonedForward(sched.worker.model_runner, poison)
     submit(sched, "bad", [7, poison], 4)
     with pytest.raises(RuntimeError, match="injected fault"):
         sched.step()
@@ -116,7 +116,7 @@ def test_the_loop_contains_a_fault_and_gives_up_after_too_many(model_dir, monkey
     monkeypatch.setenv("SGLANG_SCHEDULER_MAX_CONSECUTIVE_ERRORS", "3")
     sched = make_scheduler(model_dir)
     loop = SchedulerLoop(sched, PortArgs.init_new(sched.server_args))
-    sched.model_runner.forward = PoisonedForward(sched.model_runner, 4242, times=100)
+    sched.worker.model_runner.forward = PoisonedForward(sched.worker.model_runner, 4242, times=100)
     submit(sched, "bad1", [4242, 1, 2], 4)
     loop.run_once()  # contained: the request is aborted, the loop goes on
     assert loop.consecutive_errors == 1 and not sched.has_work()
@@ -137,7 +137,7 @@ def test_mixed_chunks_match_hf(model_dir, hf_model):
         sched.step()  # m0 is decoding when the next prompts arrive: their chunks carry its tokens
     reqs += [submit(sched, f"m{i}", p, 20) for i, p in enumerate(prompts[1:], 1)]
     run_to_completion(sched)
-    assert sched.num_mixed_batches > 3
+    assert sched.stats.num_mixed_batches > 3
     for req, p in zip(reqs, prompts):
         assert req.output_ids == hf_greedy(hf_model, p, 20), req.rid
     assert_no_leak(sched)
@@ -172,7 +172,7 @@ def test_stop_regex_zero_tokens_and_token_ids_logprob(model_dir, hf_model):
     with torch.no_grad():
         logits = hf_model(torch.tensor([prompt + want[:3]])).logits[0, len(prompt) - 1:].float()
     ref = torch.log_softmax(logits, dim=-1)
-    for pos, step in enumerate(r3.output_token_ids_logprobs):
+    for pos, step in enumerate(r3.logprobs.output_token_ids_logprobs):
         values = dict((tid, v) for v, tid in step)
         assert set(values) == {3, 99}
         for tid, v in values.items():

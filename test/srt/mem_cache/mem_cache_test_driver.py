@@ -39,6 +39,11 @@ class ReqLike:
     mamba_pool_idx: Optional[int] = None
 
     @property
+    def kv(self):
+        """The request's KV record (`Req.kv`): this fake keeps its fields itself."""
+        return self
+
+    @property
     def kv_committed_len(self) -> int:
         """KV written so far: every token but the last sampled one (the scheduler's Req.kv_len)."""
         return len(self.origin_input_ids) + len(self.output_ids) - 1

@@ -21,6 +21,11 @@ class _Req:  # the fields reserve() reads and writes (core/req.py declares them 
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.kv_len = 0
 
+    @property
+    def kv(self):
+        """The request's KV record (`Req.kv`): this fake keeps its fields itself."""
+        return self
+
 
 def _manager(page_size: int) -> MemoryManager:
     cfg = types.SimpleNamespace(attention_layer_ids=[0, 1], num_key_value_heads=2, head_dim=8, context_len=512,

@@ -40,6 +40,11 @@ class Req:
     cache_protected_len: int = 0
     kv_committed_len: int = 0
 
+    @property
+    def kv(self):
+        """The request's KV record (`Req.kv`): this fake keeps its fields itself."""
+        return self
+
 
 def fp(tokens: List[int]) -> float:
     h = 1

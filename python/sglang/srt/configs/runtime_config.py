@@ -11,8 +11,8 @@ which slice:
   CacheConfig    -> mem_cache/registry.py (which prefix cache, and its checks)
   DisaggConfig   -> disaggregation/ (transfer backends, bootstrap, PD queues)
   RetractionConfig -> mem_cache/retraction_backup.py (a PD decode server's backup store); not a
-                   plain slice: the scheduler resolves it once the pools exist
-                   (`managers/scheduler_memory.resolve_decode_retraction`)
+                   plain slice: the scheduler plans it (`managers/scheduler_memory.retraction_plan`)
+                   and `mem_cache.memory_manager.build_memory` resolves it once the pools exist
 
 The scheduler reads `ServerArgs` itself (it is the one component that sees every concern).
 Importing this is cheap (no torch).
@@ -68,6 +68,7 @@ class MemoryConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
+    disable_radix_cache: bool = False
     radix_cache_backend: Optional[str] = None
     radix_eviction_policy: str = "lru"
     enable_hierarchical_cache: bool = False
@@ -77,6 +78,7 @@ class CacheConfig:
     enable_lmcache: bool = False
     enable_unified_cache_external_linker: bool = False
     enable_mamba_host_pool_backup: bool = False  # host-pool retraction allowed for hybrid SSM models
+    disaggregation_decode_retraction_backup: Optional[str] = None  # as given (a decode server resolves it)
     # Upstream-only switches that select a cache this build does not have (see server_args_compat).
     enable_flexkv: bool = False
 
@@ -121,9 +123,9 @@ class DisaggConfig:
 @dataclasses.dataclass(frozen=True)
 class RetractionConfig:
     """Where a PD decode server backs up retracted requests' KV, as resolved: the default backend
-    depends on the model and the host-pool ratio on the built pools' sizes, so the scheduler
-    builds this after the pools (and records the values in `ServerArgs` for /server_info); the
-    store's builder in `mem_cache/` then needs nothing else from the server's settings."""
+    depends on the model and the host-pool ratio on the built pools' sizes, so `build_memory`
+    resolves this after the pools (and the scheduler then records the values in `ServerArgs` for
+    /server_info); the store's builder needs nothing else from the server's settings."""
 
     backend: str = "none"  # cpu_tensor | host_pool | none
     reason: str = ""  # why this backend (for the start-up log line)

@@ -79,8 +79,8 @@ class GrammarManager:
                 if err is not None:
                     failed.append((w.req, w.payload, str(err)))
                 else:
-                    w.req.grammar = self._matcher(w.future.result(), w.key)
-                    w.req.grammar_accepted = 0
+                    w.req.grammar.matcher = self._matcher(w.future.result(), w.key)
+                    w.req.grammar.accepted = 0
                     ready.append((w.req, w.payload))
             elif now - w.since > self.timeout_s:
                 failed.append((w.req, w.payload, f"Grammar preprocessing timed out for key={w.key[0]}"))
@@ -100,14 +100,14 @@ class GrammarManager:
     # --- decoding ---------------------------------------------------------------------------
     def vocab_mask_for(self, reqs) -> "Any | None":
         """The batch's token bitmask (rows of unconstrained requests allow everything), or None."""
-        rows = [(i, r) for i, r in enumerate(reqs) if r.grammar is not None]
+        rows = [(i, r) for i, r in enumerate(reqs) if r.grammar.matcher is not None]
         if not rows:
             return None
         mask = self.backend.allocate_vocab_mask(len(reqs))
         for i, req in rows:
             req.advance_grammar()
-            if not req.grammar.is_terminated():
-                req.grammar.fill_vocab_mask(mask, i)
+            if not req.grammar.matcher.is_terminated():
+                req.grammar.matcher.fill_vocab_mask(mask, i)
         return mask
 
 

@@ -2,15 +2,15 @@
 
 A `Req` walks: waiting -> (chunked) prefill -> running (decode) -> finished, possibly
 retracted back to waiting on memory pressure (a PD decode server keeps its KV in a backup and
-resumes it without prefill). Its KV lives in one row of the ReqToTokenPool (`req_pool_idx`);
-the first `cache_protected_len` entries of that row belong to the radix tree (locked through
-`last_node`), the rest to the request. Field owners: the scheduler (queues, outputs, logprobs),
-the memory manager and radix cache (memory state), the PD roles (transfer state), the retraction
-backup (`retraction_backup`).
+resumes it without prefill). Field owners: the scheduler (queues, outputs), and one sub-record
+per other concern: `kv` (`KVState`, the memory manager and radix cache), `logprobs`
+(`LogprobState`, output processing), `pd` (`PDTransfer`, the PD roles), `grammar`
+(`GrammarState`, the grammar manager). `abort(reason)` is the one writer of `to_abort`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, List, Optional, Set
 
@@ -23,6 +23,64 @@ from sglang.srt.core.finish_reason import (
     FINISH_MATCHED_TOKEN,
     BaseFinishReason,
 )
+
+
+@dataclasses.dataclass
+class KVState:
+    """Where the request's KV (and Mamba state) lives; owner: `MemoryManager` and the radix cache
+    (`mem_cache/`). Its KV is one row of the ReqToTokenPool (`req_pool_idx`); the first
+    `cache_protected_len` entries of that row belong to the radix tree (locked through
+    `last_node` / `lock_receipt`), the rest to the request. A retracted PD decode request's KV
+    waits in `retraction_backup` until it resumes."""
+
+    req_pool_idx: Optional[int] = None
+    prefix_indices: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    prefix_match: Any = None  # radix match found at admission, before it is locked
+    last_node: Any = None
+    lock_receipt: Any = None
+    cache_protected_len: int = 0
+    kv_len: int = 0  # tokens with KV in the pool
+    swa_freed_len: int = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
+    mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
+    retraction_backup: Optional[Any] = None
+
+
+@dataclasses.dataclass
+class LogprobState:
+    """Logprobs collected so far, lists of (logprob, token_id); owner: output processing (a PD
+    decode server's first token comes from the prefill's metadata row). With token_ids_logprob:
+    per position, (logprobs, token ids) of the requested ids. `sent_len` / `sent_input`: how much
+    went out already (input logprobs go out once, with the first output)."""
+
+    output_token_logprobs: List[tuple] = dataclasses.field(default_factory=list)
+    output_top_logprobs: List[list] = dataclasses.field(default_factory=list)
+    output_token_ids_logprobs: List[tuple] = dataclasses.field(default_factory=list)
+    input_token_logprobs: Optional[List[tuple]] = None
+    input_top_logprobs: Optional[List[list]] = None
+    input_token_ids_logprobs: Optional[List[tuple]] = None
+    sent_len: int = 0
+    sent_input: bool = False
+
+
+@dataclasses.dataclass
+class PDTransfer:
+    """PD disaggregation state; owner: the prefill / decode roles (`disaggregation/`)."""
+
+    bootstrap_room: Optional[int] = None
+    kv_sender: Optional[Any] = None  # prefill: BaseKVSender of this request
+    kv_receiver: Optional[Any] = None  # decode: BaseKVReceiver of this request
+    metadata_idx: Optional[int] = None  # row of the metadata buffers (first token, logprobs)
+    sent_kv_len: int = 0  # prefill: tokens whose KV pages were handed to the sender
+    kv_destination_known: bool = False  # prefill: the decode server's metadata (its KV slots) arrived
+
+
+@dataclasses.dataclass
+class GrammarState:
+    """Structured output; owner: `constrained/grammar_manager.py` sets the matcher when the grammar
+    is compiled, `Req.advance_grammar` feeds it the output tokens (`accepted` so far)."""
+
+    matcher: Optional[Any] = None
+    accepted: int = 0
 
 
 class Req:
@@ -62,17 +120,8 @@ class Req:
         self.queue_time_start = self.arrival_time  # entered the waiting queue (again, after a retraction)
         self.forward_entry_time: Optional[float] = None  # first scheduled into a batch
 
-        # Memory state (see module docstring).
-        self.req_pool_idx: Optional[int] = None
+        self.kv = KVState()
         self.fill_ids: List[int] = []  # tokens whose KV is written once the current forward ends
-        self.prefix_indices: torch.Tensor = torch.empty(0, dtype=torch.int64)
-        self.prefix_match = None  # radix match found at admission, before it is locked
-        self.last_node = None
-        self.lock_receipt = None
-        self.cache_protected_len = 0
-        self.kv_len = 0  # tokens with KV in the pool
-        self.swa_freed_len = 0  # hybrid-SWA pool: leading tokens whose SWA slots were given back
-        self.mamba_pool_idx: Optional[int] = None  # hybrid SSM models: this request's MambaPool slot
         self.extend_input_len = 0
         self.is_chunked = 0
 
@@ -80,37 +129,16 @@ class Req:
         self.cached_tokens = 0
         self.num_retractions = 0
         self.finished_reason: Optional[BaseFinishReason] = None
-        self.to_abort: Optional[FINISH_ABORT] = None
+        self._abort_reason: Optional[FINISH_ABORT] = None  # `abort()` writes it, `to_abort` reads it
         self.sent_len = 0  # output ids already streamed out
-
-        # Logprobs collected so far (lists of (logprob, token_id)).
-        self.output_token_logprobs: List[tuple] = []
-        self.output_top_logprobs: List[list] = []
-        self.input_token_logprobs: Optional[List[tuple]] = None
-        self.input_top_logprobs: Optional[List[list]] = None
-        # With token_ids_logprob: per position, (logprobs, token ids) of the requested ids.
-        self.output_token_ids_logprobs: List[tuple] = []
-        self.input_token_ids_logprobs: Optional[List[tuple]] = None
-        self.sent_logprob_len = 0
-        self.sent_input_logprobs = False  # input logprobs go out once, with the first output
+        self.logprobs = LogprobState()
 
         # Incremental stop-string check state.
         self.tokenizer = None
         self.stop_regex_matcher: Optional[Any] = None  # StopRegexMatcher, built at the first check
 
-        # PD disaggregation (owned by the prefill / decode roles).
-        self.bootstrap_room: Optional[int] = None
-        self.kv_sender: Optional[Any] = None  # prefill: BaseKVSender of this request
-        self.kv_receiver: Optional[Any] = None  # decode: BaseKVReceiver of this request
-        self.metadata_idx: Optional[int] = None  # row of the metadata buffers (first token, logprobs)
-        self.sent_kv_len = 0  # prefill: tokens whose KV pages were handed to the sender
-        self.kv_destination_known = False  # prefill: the decode server's metadata (its KV slots) arrived
-        # Decode retraction: where the KV (and Mamba state) wait until the request resumes.
-        self.retraction_backup: Optional[Any] = None
-        # Structured output (constrained/): this request's matcher, set when its grammar is
-        # compiled, and how many output tokens it has accepted (`advance_grammar`).
-        self.grammar: Optional[Any] = None
-        self.grammar_accepted = 0
+        self.pd = PDTransfer()
+        self.grammar = GrammarState()
         # Embedding servers (layers/pooler.py): the pooled state over the chunks prefilled so
         # far, the finished vector, and whether pooling needs every prompt token (mean / CLS:
         # then no radix-cache prefix is used).
@@ -121,9 +149,19 @@ class Req:
     @property
     def kv_committed_len(self) -> int:
         """KV length the radix cache releases for this request (what is in the pool now)."""
-        return self.kv_len
+        return self.kv.kv_len
 
     # --- state ---------------------------------------------------------------------------
+    @property
+    def to_abort(self) -> Optional[FINISH_ABORT]:
+        """Why this request must end (set by `abort`), or None."""
+        return self._abort_reason
+
+    def abort(self, reason: FINISH_ABORT) -> None:
+        """The one place a request is marked aborted; whoever holds it ends it (releases its
+        memory and reports `reason` as its finish reason)."""
+        self._abort_reason = reason
+
     def finished(self) -> bool:
         return self.finished_reason is not None
 
@@ -149,31 +187,25 @@ class Req:
 
     def reset_for_retract(self) -> None:
         self.num_retractions += 1
-        self.prefix_indices = torch.empty(0, dtype=torch.int64)
-        self.last_node = None
-        self.lock_receipt = None
-        self.cache_protected_len = 0
-        self.kv_len = 0
-        self.swa_freed_len = 0
-        self.req_pool_idx = None
-        self.mamba_pool_idx = None  # freed with the KV; the re-prefill (or resume) gets a new one
+        # Everything but the backup: the re-prefill (or resume) gets a new row, slots and Mamba slot.
+        self.kv = KVState(retraction_backup=self.kv.retraction_backup)
         self.is_chunked = 0
 
     def advance_grammar(self) -> None:
         """Feeds the matcher the output tokens it has not seen (idempotent). The tokens may come
         from this server's sampler or, on a PD decode server, from the prefill server."""
-        grammar = self.grammar
+        state, grammar = self.grammar, self.grammar.matcher
         if grammar is None:
             return
-        while self.grammar_accepted < len(self.output_ids) and not grammar.is_terminated():
-            token = self.output_ids[self.grammar_accepted]
-            self.grammar_accepted += 1
+        while state.accepted < len(self.output_ids) and not grammar.is_terminated():
+            token = self.output_ids[state.accepted]
+            state.accepted += 1
             try:
                 grammar.accept_token(token)
             except ValueError as e:
-                self.to_abort = FINISH_ABORT(
+                self.abort(FINISH_ABORT(
                     f"Grammar accept_token failed for req {self.rid} with token {token}: {e}", 500,
-                    "InternalServerError")
+                    "InternalServerError"))
                 return
 
     # --- finish checks -------------------------------------------------------------------
@@ -191,7 +223,7 @@ class Req:
         if not self.output_ids:
             return
         last = self.output_ids[-1]
-        if self.grammar is not None and self.grammar.is_terminated():  # upstream: before stop tokens
+        if self.grammar.matcher is not None and self.grammar.matcher.is_terminated():  # upstream: before stop tokens
             self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
             return
         if len(self.output_ids) > sp.min_new_tokens:

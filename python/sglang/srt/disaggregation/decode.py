@@ -14,8 +14,8 @@ FAKE_BOOTSTRAP_HOST) nothing is received: the decode server computes the prompt'
 local prefill (upstream leaves the KV unfilled; computing it makes a decode server testable alone
 with real outputs), then the request decodes and retracts like a transferred one.
 
-Memory goes through the scheduler's `MemoryManager` (`reserve`, `release`, `backup_for_retraction`,
-`restore`); the role only decides when.
+Memory goes through the scheduler's `MemoryManager` (`admissible_tokens`, `match_and_lock`,
+`reserve`, `release`, `backup_for_retraction`, `restore`); the role only decides when.
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import logging
 import time
 from typing import List, Optional
 
-import torch
-
 from sglang.srt.core.finish_reason import ABORT_IN_QUEUE_MESSAGE, FINISH_ABORT
 from sglang.srt.core.req import Req
 from sglang.srt.disaggregation.pd_auth import BootstrapHostPolicy
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, KVPoll, decode_failure, kv_to_page_indices
-from sglang.srt.managers.schedule_policy import match_prefix
 from sglang.srt.managers.server_role import SchedulerFacade, ServerRole
 
 logger = logging.getLogger(__name__)
@@ -72,8 +69,9 @@ class DecodeRole(ServerRole):
         size = self.s.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        pools = memory.device_pools()
+        kv_args = kv_args_from_pools(pools.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=pools.mamba_pool, ib_device=config.disaggregation_ib_device)
         self.kv_manager = get_kv_class(self.backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.DECODE, config)
         self.receiver_cls = get_kv_class(self.backend, KVClassType.RECEIVER)
 
@@ -91,8 +89,8 @@ class DecodeRole(ServerRole):
             return
         host = recv.bootstrap_host
         if host is None or recv.bootstrap_room is None:  # the tokenizer refuses these; never trust one process
-            req.to_abort = FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
-                                        "BadRequestError")
+            req.abort(FINISH_ABORT("A PD decode request needs bootstrap_host and bootstrap_room.", 400,
+                                   "BadRequestError"))
             self.s.finish_unscheduled(req)
             return
         port = recv.bootstrap_port or self.bootstrap_port
@@ -103,16 +101,16 @@ class DecodeRole(ServerRole):
             return
         addr = _bootstrap_addr(host, port)
         try:
-            req.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
-            req.kv_receiver.init(0)
+            req.pd.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
+            req.pd.kv_receiver.init(0)
         except Exception as e:  # bad address etc.: fail this request, not the server
-            if req.kv_receiver is not None:
-                req.kv_receiver.clear()
-                req.kv_receiver = None
-            req.to_abort = FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500)
+            if req.pd.kv_receiver is not None:
+                req.pd.kv_receiver.clear()
+                req.pd.kv_receiver = None
+            req.abort(FINISH_ABORT(f"Failed to bootstrap with the prefill server {addr}: {e}", 500))
             self.s.finish_unscheduled(req)
             return
-        req.bootstrap_room = recv.bootstrap_room
+        req.pd.bootstrap_room = recv.bootstrap_room
         self.prealloc_queue.append(req)
 
     def reject(self, host, port, room, message: str, status_code: Optional[int]) -> None:
@@ -140,7 +138,7 @@ class DecodeRole(ServerRole):
             "num_prealloc_queue_reqs": len(self.prealloc_queue),
             "num_transfer_queue_reqs": len(self.transfer_queue),
             "num_retracted_queue_reqs": len(self.retracted_queue),
-            "pre_allocated_tokens": sum(r.kv_len for r in self.transfer_queue),
+            "pre_allocated_tokens": sum(r.kv.kv_len for r in self.transfer_queue),
             "decode_radix_hit_tokens": self.radix_hit_tokens,
             "num_kv_transfer_failures": self.num_transfer_failures,
         }
@@ -168,16 +166,16 @@ class DecodeRole(ServerRole):
     def release_after_error(self, req: Req) -> None:
         """What a failed request holds on the decode side beyond its KV: metadata row, receiver, backup."""
         self._free_metadata(req)
-        if req.kv_receiver is not None:
-            req.kv_receiver.abort()
-            req.kv_receiver.clear()
-            req.kv_receiver = None
+        if req.pd.kv_receiver is not None:
+            req.pd.kv_receiver.abort()
+            req.pd.kv_receiver.clear()
+            req.pd.kv_receiver = None
         self.s.memory.discard_backup(req)
 
     def _free_metadata(self, req: Req) -> None:
-        if req.metadata_idx is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
+        if req.pd.metadata_idx is not None:
+            self.metadata_allocator.free(req.pd.metadata_idx)
+            req.pd.metadata_idx = None
 
     # --- each step ----------------------------------------------------------------------------------
     def process(self) -> None:
@@ -199,14 +197,13 @@ class DecodeRole(ServerRole):
         return not self.retracted_queue  # retracted requests resume first
 
     def _allocatable_tokens(self) -> int:
-        memory = self.s.memory
+        """The admission budget less --num-reserved-decode-tokens per request that decodes here."""
         running = len(self.s.running_reqs) + len(self.transfer_queue)
-        reserve = self.num_reserved_decode_tokens * running
-        return memory.allocator.available_size() + memory.tree_cache.evictable_size() - reserve
+        return self.s.memory.admissible_tokens(self.num_reserved_decode_tokens * running)
 
     def _pre_alloc(self, req: Req) -> str:
         """Reserves KV (and a Mamba slot) for one bootstrapped request. "stop": no room, try later."""
-        state = req.kv_receiver.poll()
+        state = req.pd.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.prealloc_queue)
             return "next"
@@ -228,12 +225,12 @@ class DecodeRole(ServerRole):
             self.metadata_allocator.free(aux)
             self._unlock_prefix(req)
             return "stop"
-        req.metadata_idx = aux
+        req.pd.metadata_idx = aux
         self.radix_hit_tokens += prefix
         self.prealloc_queue.remove(req)
         self.transfer_queue.append(req)
-        state_indices = [[req.mamba_pool_idx]] if req.mamba_pool_idx is not None else None
-        req.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
+        state_indices = [[req.kv.mamba_pool_idx]] if req.kv.mamba_pool_idx is not None else None
+        req.pd.kv_receiver.send_metadata(kv_to_page_indices(slots, memory.page_size), aux, state_indices=state_indices,
                                       decode_prefix_len=prefix)
         return "next"
 
@@ -244,48 +241,39 @@ class DecodeRole(ServerRole):
         always comes from the prefill (it summarises the whole prompt), so the prefix needs KV only
         (it may end where the tree keeps no state) and a state there is not kept locked. Returns
         the prefix length in tokens (whole pages)."""
-        tree = self.s.memory.tree_cache
-        if tree.disable:
-            return 0
-        match_prefix(req, tree, with_state=False)
-        tree.assign_prefix(req, req.prefix_match)
-        req.prefix_match = None
-        tree.release_prefix_state_lock(req)
-        return len(req.prefix_indices)
+        req.fill_ids = req.all_ids()
+        return self.s.memory.match_and_lock(req, with_state=False)
 
     def _unlock_prefix(self, req: Req) -> None:
         """Undo `_lock_cached_prefix` for a request that waits for memory (matched again next time)."""
-        if req.last_node is not None:
-            self.s.memory.release(req)
-        req.prefix_indices = torch.empty(0, dtype=torch.int64)
-        req.cache_protected_len = 0
+        self.s.memory.unlock(req)
 
     def _pop_transferred(self, req: Req, arrived: List[Req]) -> None:
         """A request whose KV arrived joins the running batch (or finishes) and `arrived`."""
-        state = req.kv_receiver.poll()
+        state = req.pd.kv_receiver.poll()
         if state == KVPoll.Failed:
             self._fail(req, self.transfer_queue)
             return
         if state != KVPoll.Success:
             return
-        row = self.metadata_buffers.get_buf(req.metadata_idx)
+        row = self.metadata_buffers.get_buf(req.pd.metadata_idx)
         self._free_metadata(req)
         self.transfer_queue.remove(req)
-        req.kv_receiver.clear()
-        req.kv_receiver = None
-        if req.bootstrap_room is not None and row.bootstrap_room != req.bootstrap_room % (1 << 63):
-            req.to_abort = FINISH_ABORT(
+        req.pd.kv_receiver.clear()
+        req.pd.kv_receiver = None
+        if req.pd.bootstrap_room is not None and row.bootstrap_room != req.pd.bootstrap_room % (1 << 63):
+            req.abort(FINISH_ABORT(
                 f"Context corruption detected: Request {req.rid} bootstrap_room mismatch "
-                f"(expected {req.bootstrap_room}, got {row.bootstrap_room})", 500)
+                f"(expected {req.pd.bootstrap_room}, got {row.bootstrap_room})", 500))
             self._drop(req)
             return
         if req.sampling_params.max_new_tokens > 0:
             req.output_ids.append(row.output_id)
         req.cached_tokens = row.cached_tokens
         if req.return_logprob and row.output_token_logprob_val is not None and req.output_ids:
-            req.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
+            req.logprobs.output_token_logprobs.append((row.output_token_logprob_val, row.output_id))
             if req.top_logprobs_num:
-                req.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
+                req.logprobs.output_top_logprobs.append(list(zip(row.top_logprobs_val, row.top_logprobs_idx)))
         req.fill_ids = req.all_ids()
         req.forward_entry_time = time.monotonic()
         req.check_finished()
@@ -297,19 +285,19 @@ class DecodeRole(ServerRole):
 
     def _fail(self, req: Req, queue: List[Req]) -> None:
         try:
-            req.kv_receiver.failure_exception()
+            req.pd.kv_receiver.failure_exception()
             message = "KV transfer failed"
         except Exception as e:
             message = str(getattr(e, "failure_reason", None) or e)
         queue.remove(req)
-        req.kv_receiver.clear()
-        req.kv_receiver = None
+        req.pd.kv_receiver.clear()
+        req.pd.kv_receiver = None
         status, text = decode_failure(message)
         self.num_transfer_failures += status is None or status >= 500
         if status is not None and status < 500:  # the prefill refused the request itself (a client error)
-            req.to_abort = FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError")
+            req.abort(FINISH_ABORT(f"The prefill server refused the request: {text}", status, "BadRequestError"))
         else:
-            req.to_abort = FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500)
+            req.abort(FINISH_ABORT(f"Failed to receive the KV cache of request {req.rid}: {message}", 500))
         self._drop(req)
 
     def _drop(self, req: Req) -> None:
@@ -321,17 +309,17 @@ class DecodeRole(ServerRole):
     def abort(self, hit) -> None:
         for queue in (self.prealloc_queue, self.transfer_queue):
             for req in [r for r in queue if hit(r)]:
-                if req.kv_receiver is not None:
-                    req.kv_receiver.abort()  # the prefill drops the room too
-                    req.kv_receiver.clear()
-                    req.kv_receiver = None
+                if req.pd.kv_receiver is not None:
+                    req.pd.kv_receiver.abort()  # the prefill drops the room too
+                    req.pd.kv_receiver.clear()
+                    req.pd.kv_receiver = None
                 queue.remove(req)
-                req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+                req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
                 self._drop(req)
         for req in [r for r in self.retracted_queue if hit(r)]:
             self.retracted_queue.remove(req)
             self.s.memory.discard_backup(req)  # free the backup at once (upstream #18701)
-            req.to_abort = FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE)
+            req.abort(FINISH_ABORT(ABORT_IN_QUEUE_MESSAGE))
             req.finished_reason = req.to_abort
             self.s.emit([req])
 
@@ -343,10 +331,10 @@ class DecodeRole(ServerRole):
         memory.release(req)
         if saved is None:
             if req.to_abort is None:
-                req.to_abort = memory.retraction_store.abort_reason()
+                req.abort(memory.retraction_abort_reason())
             logger.warning("retract_decode: aborted request %s: %s", req.rid, req.to_abort.message)
             return False
-        req.retraction_backup = saved
+        req.kv.retraction_backup = saved
         req.reset_for_retract()
         return True
 
@@ -359,7 +347,7 @@ class DecodeRole(ServerRole):
                 break
 
     def _resume(self, req: Req) -> str:
-        n, memory = req.retraction_backup.kv_len, self.s.memory
+        n, memory = req.kv.retraction_backup.kv_len, self.s.memory
         if self.s.running_reqs and self._allocatable_tokens() < n + memory.page_size:
             return "stop"
         if not memory.restore(req):

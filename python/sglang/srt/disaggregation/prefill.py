@@ -51,8 +51,9 @@ class PrefillRole(ServerRole):
         size = facade.max_running_requests * 2
         self.metadata_buffers = MetadataBuffers(size)
         self.metadata_allocator = ReqToMetadataIdxAllocator(size)
-        kv_args = kv_args_from_pools(memory.token_to_kv_pool, self.metadata_buffers, memory.page_size,
-                                     mamba_pool=memory.mamba_pool, ib_device=config.disaggregation_ib_device)
+        pools = memory.device_pools()
+        kv_args = kv_args_from_pools(pools.token_to_kv_pool, self.metadata_buffers, memory.page_size,
+                                     mamba_pool=pools.mamba_pool, ib_device=config.disaggregation_ib_device)
         backend = config.disaggregation_transfer_backend
         self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)
@@ -79,21 +80,21 @@ class PrefillRole(ServerRole):
 
     def add(self, req: Req, recv) -> None:
         req.sampling_params.max_new_tokens = 1
-        req.sent_kv_len = 0
-        req.metadata_idx = None
-        req.kv_destination_known = False
+        req.pd.sent_kv_len = 0
+        req.pd.metadata_idx = None
+        req.pd.kv_destination_known = False
         local = recv.bootstrap_host in (None, FAKE_BOOTSTRAP_HOST)
         if not local and recv.bootstrap_room is None:  # the tokenizer refuses this; never trust one process
-            req.to_abort = FINISH_ABORT("bootstrap_room is required when bootstrap_host is set.", 400, "BadRequestError")
+            req.abort(FINISH_ABORT("bootstrap_room is required when bootstrap_host is set.", 400, "BadRequestError"))
             self.s.finish_unscheduled(req)
             return
         room = recv.bootstrap_room if recv.bootstrap_room is not None else 0
-        req.bootstrap_room = room
+        req.pd.bootstrap_room = room
         if local:
-            req.kv_sender = self.fake_sender_cls(self.fake_manager, f"{FAKE_BOOTSTRAP_HOST}:0", room)
+            req.pd.kv_sender = self.fake_sender_cls(self.fake_manager, f"{FAKE_BOOTSTRAP_HOST}:0", room)
         else:
             port = recv.bootstrap_port or self.s.disagg.disaggregation_bootstrap_port
-            req.kv_sender = self.sender_cls(self.kv_manager, f"{recv.bootstrap_host}:{port}", room)
+            req.pd.kv_sender = self.sender_cls(self.kv_manager, f"{recv.bootstrap_host}:{port}", room)
         self.bootstrap_queue.append(req)
 
     def all_reqs(self) -> List[Req]:
@@ -107,12 +108,12 @@ class PrefillRole(ServerRole):
     def release(self, req: Req) -> None:
         """An aborted or failed request gives up its sender (the room stays recorded as aborted,
         so a decode peer that asks later learns why) and its metadata row."""
-        if req.kv_sender is not None:
-            req.kv_sender.abort()
-            req.kv_sender = None
-        if req.metadata_idx is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
+        if req.pd.kv_sender is not None:
+            req.pd.kv_sender.abort()
+            req.pd.kv_sender = None
+        if req.pd.metadata_idx is not None:
+            self.metadata_allocator.free(req.pd.metadata_idx)
+            req.pd.metadata_idx = None
 
     def log_fields(self, decode: bool) -> str:
         if decode:
@@ -132,7 +133,7 @@ class PrefillRole(ServerRole):
                 break
 
     def _pop_bootstrapped_one(self, req: Req) -> str:
-        state = req.kv_sender.poll()
+        state = req.pd.kv_sender.poll()
         if state == KVPoll.Failed:
             self.bootstrap_queue.remove(req)
             self._abort_failed(req)
@@ -140,46 +141,46 @@ class PrefillRole(ServerRole):
             idx = self.metadata_allocator.alloc()
             if idx is None:
                 return "stop"
-            req.metadata_idx = idx
-            req.kv_destination_known = state == KVPoll.WaitingForInput
+            req.pd.metadata_idx = idx
+            req.pd.kv_destination_known = state == KVPoll.WaitingForInput
             num_pages = -(-len(req.origin_input_ids) // self.s.page_size)
-            req.kv_sender.init(num_pages, idx)
+            req.pd.kv_sender.init(num_pages, idx)
             self.bootstrap_queue.remove(req)
             self.s.waiting_queue.append(req)
         return "next"
 
     def _destination_known(self, req: Req) -> bool:
         """Whether the decode server's slots for `req` arrived (asked again until they have)."""
-        if not req.kv_destination_known:
-            req.kv_destination_known = req.kv_sender.poll() == KVPoll.WaitingForInput
-        return req.kv_destination_known
+        if not req.pd.kv_destination_known:
+            req.pd.kv_destination_known = req.pd.kv_sender.poll() == KVPoll.WaitingForInput
+        return req.pd.kv_destination_known
 
     # --- called by the scheduler after each extend forward ----------------------------------------
     def after_chunk(self, req: Req) -> None:
         """A non-last chunk is done: send its whole pages (the partial last page waits)."""
         ps = self.s.page_size
-        end = req.kv_len // ps * ps
-        if end > req.sent_kv_len and self._destination_known(req):  # else they go with the last chunk
-            self._send(req, req.sent_kv_len, end, is_last=False)
+        end = req.kv.kv_len // ps * ps
+        if end > req.pd.sent_kv_len and self._destination_known(req):  # else they go with the last chunk
+            self._send(req, req.pd.sent_kv_len, end, is_last=False)
 
     def after_prefill(self, req: Req) -> bool:
         """The last chunk ran and the first token is sampled: send the rest and the metadata row
         (an aborted request is finished by the scheduler as usual)."""
         if req.to_abort is not None:
             return False
-        lp = req.output_token_logprobs[-1][0] if req.output_token_logprobs else None
-        tops = req.output_top_logprobs[-1] if req.output_top_logprobs else None
+        lp = req.logprobs.output_token_logprobs[-1][0] if req.logprobs.output_token_logprobs else None
+        tops = req.logprobs.output_top_logprobs[-1] if req.logprobs.output_top_logprobs else None
         self.metadata_buffers.set_buf(
-            req.metadata_idx,
+            req.pd.metadata_idx,
             output_id=req.output_ids[-1],
             cached_tokens=req.cached_tokens,
             output_token_logprob_val=lp,
             top_logprobs_val=[v for v, _ in tops] if tops else None,
             top_logprobs_idx=[i for _, i in tops] if tops else None,
-            bootstrap_room=req.bootstrap_room % (1 << 63),
+            bootstrap_room=req.pd.bootstrap_room % (1 << 63),
         )
         if self._destination_known(req):
-            self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+            self._send(req, req.pd.sent_kv_len, req.kv.kv_len, is_last=True)
         self.inflight_queue.append(req)  # else sent from there when the decode's slots arrive
         return True
 
@@ -187,20 +188,20 @@ class PrefillRole(ServerRole):
         """On cores shared with the decode server: the KV copies in flight (every prompt whose last
         pages went out) land before the decode server's turn, so that its next batch decodes them
         (they would otherwise wait a whole decode step, and the copies would run beside its forward)."""
-        sent = [r for r in self.inflight_queue if r.kv_destination_known and r.kv_sender is not None]
+        sent = [r for r in self.inflight_queue if r.pd.kv_destination_known and r.pd.kv_sender is not None]
         deadline = time.monotonic() + END_OF_TURN_WAIT_S
-        while time.monotonic() < deadline and any(r.kv_sender.poll() not in (KVPoll.Success, KVPoll.Failed)
+        while time.monotonic() < deadline and any(r.pd.kv_sender.poll() not in (KVPoll.Success, KVPoll.Failed)
                                                   for r in sent):
             time.sleep(0.0002)
         self._process_inflight()
 
     def _send(self, req: Req, start: int, end: int, is_last: bool) -> None:
-        slots = self.s.memory.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        slots = self.s.memory.kv_slots(req, start, end)
         state_indices = None
-        if req.mamba_pool_idx is not None and is_last:
-            state_indices = [[req.mamba_pool_idx]]
-        req.kv_sender.send(kv_to_page_indices(slots, self.s.page_size), state_indices=state_indices, is_last=is_last)
-        req.sent_kv_len = end
+        if req.kv.mamba_pool_idx is not None and is_last:
+            state_indices = [[req.kv.mamba_pool_idx]]
+        req.pd.kv_sender.send(kv_to_page_indices(slots, self.s.page_size), state_indices=state_indices, is_last=is_last)
+        req.pd.sent_kv_len = end
 
     # --- completion -----------------------------------------------------------------------------------
     def _process_inflight(self) -> None:
@@ -208,10 +209,10 @@ class PrefillRole(ServerRole):
             self.contain(req, lambda: self._process_inflight_one(req), "prefill")
 
     def _process_inflight_one(self, req: Req) -> None:
-        state = req.kv_sender.poll()
-        if state == KVPoll.WaitingForInput and not req.kv_destination_known:  # optimistic prefill: send it now
-            req.kv_destination_known = True
-            self._send(req, req.sent_kv_len, req.kv_len, is_last=True)
+        state = req.pd.kv_sender.poll()
+        if state == KVPoll.WaitingForInput and not req.pd.kv_destination_known:  # optimistic prefill: send it now
+            req.pd.kv_destination_known = True
+            self._send(req, req.pd.sent_kv_len, req.kv.kv_len, is_last=True)
         elif state == KVPoll.Success:
             self.inflight_queue.remove(req)
             self._record_transfer(req)
@@ -223,7 +224,7 @@ class PrefillRole(ServerRole):
             self._abort_failed(req)
 
     def _record_transfer(self, req: Req) -> None:
-        m = req.kv_sender.get_transfer_metric()
+        m = req.pd.kv_sender.get_transfer_metric()
         st = self.transfer_stats
         st["num_kv_transfers"] += 1
         seconds, nbytes = m.transfer_latency_s or 0.0, m.transfer_total_bytes or 0
@@ -233,7 +234,7 @@ class PrefillRole(ServerRole):
             st["kv_transfer_speed_gb_s"] = nbytes / seconds / 1e9
 
     def _abort_failed(self, req: Req) -> None:
-        if req.kv_sender.aborted_by_peer():  # the client went away on the decode side: no error here
+        if req.pd.kv_sender.aborted_by_peer():  # the client went away on the decode side: no error here
             self._abort(req, ABORTED_BY_DECODE, None)
         else:
             self.transfer_stats["num_kv_transfer_failures"] += 1
@@ -248,22 +249,22 @@ class PrefillRole(ServerRole):
 
     def _failure_message(self, req: Req) -> str:
         try:
-            req.kv_sender.failure_exception()
+            req.pd.kv_sender.failure_exception()
         except Exception as e:
             return f"KV transfer of request {req.rid} failed: {e}"
         return f"KV transfer of request {req.rid} failed"
 
     def _release(self, req: Req, insert: bool) -> None:
-        if req.metadata_idx is not None:
-            self.metadata_allocator.free(req.metadata_idx)
-            req.metadata_idx = None
-        self.s.memory.release(req, insert=insert and req.kv_len == req.seqlen - 1)
-        if req.kv_sender is not None:
-            req.kv_sender.clear()
-        req.kv_sender = None
+        if req.pd.metadata_idx is not None:
+            self.metadata_allocator.free(req.pd.metadata_idx)
+            req.pd.metadata_idx = None
+        self.s.memory.release(req, insert=insert and req.kv.kv_len == req.seqlen - 1)
+        if req.pd.kv_sender is not None:
+            req.pd.kv_sender.clear()
+        req.pd.kv_sender = None
 
     def _abort(self, req: Req, message: str, status_code: Optional[int] = 500) -> None:
-        req.to_abort = FINISH_ABORT(message, status_code)
+        req.abort(FINISH_ABORT(message, status_code))
         req.finished_reason = req.to_abort
         self._release(req, insert=False)
         self.s.emit([req])
@@ -272,5 +273,5 @@ class PrefillRole(ServerRole):
         for queue in (self.bootstrap_queue, self.inflight_queue):
             for req in [r for r in queue if hit(r)]:
                 queue.remove(req)
-                req.kv_sender.abort()
+                req.pd.kv_sender.abort()
                 self._abort(req, ABORT_IN_QUEUE_MESSAGE, None)

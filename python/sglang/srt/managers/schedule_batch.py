@@ -40,8 +40,8 @@ class ScheduleBatch:
         from sglang.srt.model_executor.forward_batch import ForwardBatch
 
         reqs = list(self.reqs) + list(decoding_reqs)
-        prefix_lens = [len(r.prefix_indices) for r in self.reqs] + [r.kv_len for r in decoding_reqs]
-        seq_lens = [len(r.fill_ids) for r in self.reqs] + [r.kv_len + 1 for r in decoding_reqs]
+        prefix_lens = [len(r.kv.prefix_indices) for r in self.reqs] + [r.kv.kv_len for r in decoding_reqs]
+        seq_lens = [len(r.fill_ids) for r in self.reqs] + [r.kv.kv_len + 1 for r in decoding_reqs]
         out_cache_loc = self.memory.reserve(reqs, prefix_lens, seq_lens)
         if out_cache_loc is None:
             return None
@@ -52,18 +52,17 @@ class ScheduleBatch:
         return self._with_mamba(ForwardBatch.for_extend(
             new_tokens,
             prefix_lens,
-            [r.req_pool_idx for r in reqs],
+            [r.kv.req_pool_idx for r in reqs],
             out_cache_loc,
             device=self.device,
             return_full_logits=return_full_logits,
         ), reqs)
 
     def _with_mamba(self, forward_batch, reqs: Optional[Sequence[Req]] = None):
-        pool = self.memory.mamba_pool
-        if pool is not None:
-            forward_batch.mamba_pool = pool
+        """Hybrid SSM models: each request's Mamba state slot (the worker attaches the pool)."""
+        if self.memory.has_state_slots:
             forward_batch.mamba_pool_indices = torch.tensor(
-                [r.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
+                [r.kv.mamba_pool_idx for r in (self.reqs if reqs is None else reqs)], dtype=torch.int64,
                 device=self.device,
             )
         return forward_batch
@@ -75,7 +74,7 @@ class ScheduleBatch:
     def prepare_for_decode(self):
         from sglang.srt.model_executor.forward_batch import ForwardBatch
 
-        seq_lens = [r.kv_len + 1 for r in self.reqs]
+        seq_lens = [r.kv.kv_len + 1 for r in self.reqs]
         out_cache_loc = self.memory.reserve_decode(self.reqs)
         if out_cache_loc is None:
             return None
@@ -84,7 +83,7 @@ class ScheduleBatch:
         return self._with_mamba(ForwardBatch.for_decode(
             [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1] for r in self.reqs],
             seq_lens,
-            [r.req_pool_idx for r in self.reqs],
+            [r.kv.req_pool_idx for r in self.reqs],
             out_cache_loc,
             device=self.device,
         ))
@@ -136,10 +135,10 @@ class ScheduleBatch:
         keep = sorted(order)
         if len(keep) == 1 and not self.check_decode_mem([self.reqs[keep[0]]]):
             last = self.reqs[keep[0]]
-            last.to_abort = FINISH_ABORT(
+            last.abort(FINISH_ABORT(
                 "Out of memory even after retracting all other requests in the decode batch. Aborting the last request.",
                 500,
-            )
+            ))
             release_req(last, False)
             aborted.append(last)
             keep = []

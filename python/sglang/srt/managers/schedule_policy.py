@@ -4,7 +4,9 @@
 first; priority via --enable-priority-scheduling). `PrefillAdder` admits requests under three
 budgets: the KV pool (including what running requests will still decode, scaled by
 new_token_ratio), --max-prefill-tokens, and the chunked-prefill chunk (--chunked-prefill-size);
-the first request that does not fit into the chunk is split, and the rest wait.
+the first request that does not fit into the chunk is split, and the rest wait. Memory is
+asked through the `MemoryManager` only (its admission budget, rows, state slots, prefix
+match and lock), never its pools or tree.
 """
 
 from __future__ import annotations
@@ -16,24 +18,18 @@ from sglang.srt.core.req import Req
 CLIP_MAX_NEW_TOKENS = 4096  # upstream's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default
 
 
-def match_prefix(req: Req, tree_cache, with_state: bool = True) -> None:
-    """Sets req.prefix_match/prefix_indices from the radix tree (no lock taken here).
-    `with_state=False`: the request's recurrent state comes from elsewhere (PD decode)."""
-    from sglang.srt.mem_cache.radix_key import RadixKey
-    from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
-
+def match_prefix(req: Req, memory) -> None:
+    """Sets req.fill_ids (the whole sequence so far) and its cached prefix (no lock taken here)."""
     req.fill_ids = req.all_ids()
-    key = RadixKey(req.fill_ids[: req.max_prefix_len()], req.extra_key)
-    req.prefix_match = tree_cache.match_prefix(MatchPrefixParams(key=key, with_state=with_state))
-    req.prefix_indices = req.prefix_match.device_indices
+    memory.match_prefix(req)
 
 
-def order_waiting_queue(queue: List[Req], policy: str, tree_cache, priority_scheduling: bool = False,
+def order_waiting_queue(queue: List[Req], policy: str, memory, priority_scheduling: bool = False,
                         low_priority_values_first: bool = False) -> None:
     if policy == "lpm" and len(queue) > 1:
         for r in queue:
-            match_prefix(r, tree_cache)
-        queue.sort(key=lambda r: -len(r.prefix_indices))
+            match_prefix(r, memory)
+        queue.sort(key=lambda r: -len(r.kv.prefix_indices))
     if priority_scheduling:
         sign = 1 if low_priority_values_first else -1
         queue.sort(key=lambda r: (sign * (r.priority or 0), r.arrival_time))
@@ -44,8 +40,7 @@ class PrefillAdder:
                  chunked_prefill_size: Optional[int], max_running_requests: int, mixed_with_decode_tokens: int = 0):
         page_size = memory.page_size
         self.page_size = page_size
-        self.tree_cache = tree_cache = memory.tree_cache
-        self.req_to_token_pool = memory.req_to_token_pool
+        self.memory = memory
         self.max_running_requests = max_running_requests
         self.num_running = len(running_reqs)
         reserved = sum(
@@ -53,7 +48,7 @@ class PrefillAdder:
             for r in running_reqs
         )
         self.new_token_ratio = new_token_ratio
-        self.rem_total_tokens = memory.allocator.available_size() + tree_cache.evictable_size() - reserved
+        self.rem_total_tokens = memory.admissible_tokens(reserved)
         # --enable-mixed-chunk: the running requests' decode tokens share the batch's token budgets
         # (never below one page, or a page-aligned chunk could not make progress at all).
         self.rem_input_tokens = max(max_prefill_tokens - mixed_with_decode_tokens, page_size)
@@ -62,29 +57,17 @@ class PrefillAdder:
             self.rem_chunk_tokens = max(self.rem_chunk_tokens - mixed_with_decode_tokens, page_size)
         self.can_run: List[Req] = []
         self.new_chunked_req: Optional[Req] = None
-        # Hybrid SSM models: every admitted request needs a MambaPool slot (free, or freed by
-        # evicting an unlocked tree state).
-        self.mamba_pool = memory.mamba_pool
 
-    def _mamba_slot_available(self, anchor=None) -> bool:
-        """A slot for one more request; `anchor`: the node its match ends at, whose state the
-        admission will pin until it is copied (so that state cannot be evicted for the slot)."""
-        if self.mamba_pool is None:
-            return True
-        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-
-        need = sum(1 for r in self.can_run if r.mamba_pool_idx is None) + 1
-        evictable = self.tree_cache.component_evictable_size(ComponentType.MAMBA)
-        if anchor is not None and not anchor.is_root:
-            d = anchor.data(ComponentType.MAMBA)
-            if d.value is not None and d.lock_ref == 0:
-                evictable -= 1
-        return self.mamba_pool.available_size() + evictable >= need
+    def _state_slot_available(self, match=None) -> bool:
+        """Hybrid SSM models: a Mamba slot for one more request; `match`: the prefix it will lock,
+        whose state the admission pins until it is copied (so it cannot be evicted for the slot)."""
+        need = sum(1 for r in self.can_run if r.kv.mamba_pool_idx is None) + 1
+        return self.memory.state_slots_admissible(need, match)
 
     def add_chunked_req(self, req: Req) -> Optional[Req]:
         """Continues a request whose prompt is being prefilled in chunks. Returns it if still chunked."""
         full = req.all_ids()
-        prefix_len = len(req.prefix_indices)
+        prefix_len = len(req.kv.prefix_indices)
         remaining = len(full) - prefix_len
         take = min(remaining, self._room())
         if take < remaining:  # not the last chunk: end it on a page boundary
@@ -114,20 +97,16 @@ class PrefillAdder:
 
     def add_one_req(self, req: Req) -> str:
         """Returns "added", "chunked" (added, and it is the new chunked req), or "no_room"."""
-        if self.budget_exhausted() or self.req_to_token_pool.available_size() <= len(self.can_run):
+        if self.budget_exhausted() or self.memory.free_request_rows() <= len(self.can_run):
             return "no_room"
-        if not self._mamba_slot_available():
+        if not self._state_slot_available():
             return "no_room"
-        match_prefix(req, self.tree_cache)
-        if self.mamba_pool is not None and not self._mamba_slot_available(req.prefix_match.last_device_node):
+        match_prefix(req, self.memory)
+        if self.memory.has_state_slots and not self._state_slot_available(req.kv.prefix_match):
             # The only state that could be evicted for this request's slot is the one its match
             # needs: start from no prefix rather than wait for a slot that never comes.
-            from sglang.srt.mem_cache.radix_key import RadixKey
-            from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
-
-            req.prefix_match = self.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey([], req.extra_key)))
-            req.prefix_indices = req.prefix_match.device_indices
-        prefix_len = len(req.prefix_indices)
+            self.memory.match_prefix(req, empty=True)
+        prefix_len = len(req.kv.prefix_indices)
         extend_len = len(req.fill_ids) - prefix_len
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
         total_need = extend_len + min(left, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
@@ -151,8 +130,7 @@ class PrefillAdder:
         req.extend_input_len = extend_len
         req.cached_tokens = max(req.cached_tokens, prefix_len) if req.num_retractions == 0 else req.cached_tokens
         # Lock the matched prefix now so that allocating this batch cannot evict it.
-        self.tree_cache.assign_prefix(req, req.prefix_match)
-        req.prefix_match = None
+        self.memory.lock_prefix(req)
         self._account(req, extend_len)
         self.can_run.append(req)
         if chunked:

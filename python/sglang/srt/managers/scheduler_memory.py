@@ -1,67 +1,53 @@
-"""The scheduler's memory: the pools for the model, the radix tree over them and, on a PD decode
-server, the store that keeps retracted requests' KV. The retraction backup is resolved here, once
-the pools exist (its default host-pool size depends on them) and before the tree is built (the
-tree's builder, and a registered backend, see the backup in use)."""
+"""The scheduler's memory: what it asks of `mem_cache.memory_manager.build_memory`, the one call
+that builds the pools, the radix tree and (PD decode servers) the retraction store, from typed
+config. The retraction backup is planned here from the settings and the model (the backend and
+why); the build resolves what depends on the pools (the default host-pool size) before the tree
+is built, so the tree's builder (the registry, and a registered backend) sees the backup in use.
+Afterwards the resolved values are recorded in `ServerArgs` (source
+"kv_cache_builder.decode_retraction", as upstream) so /server_info shows what the server runs with."""
 
 from __future__ import annotations
 
-from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig, RetractionConfig
-from sglang.srt.mem_cache.host_pool import decode_retraction_hicache_ratio
-from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache, validate_host_pool_retraction
-from sglang.srt.mem_cache.retraction_backup import build_retraction_store
+from typing import Optional
+
+from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig
+from sglang.srt.mem_cache.memory_manager import MemoryManager, RetractionPlan, build_memory
 from sglang.srt.server_args_resolution import infer_decode_retraction_backup
 
 
-def build_memory(server_args, model_runner):
-    """The scheduler's MemoryManager: the pools for this model, then the radix tree over them
-    (the registry picks it from the CacheConfig slice) and, on a PD decode server, the store
-    that keeps retracted requests' KV."""
-    sa, model_config = server_args, model_runner.model_config
-    memory = model_runner.build_memory(MemoryConfig.from_server_args(sa))
-    # Resolved first (it needs the pool sizes), so the tree's builder sees the backup in use.
-    retraction = resolve_decode_retraction(sa, model_config, memory.token_to_kv_pool,
-                                           memory.req_to_token_pool.max_context_len)
-    memory.attach_tree_cache(create_tree_cache(TreeCacheBuildContext(
-        req_to_token_pool=memory.req_to_token_pool,
-        token_to_kv_pool_allocator=memory.allocator,
-        cache_config=CacheConfig.from_server_args(sa),
-        server_args=sa,
-        page_size=memory.page_size,
-        is_hybrid_swa=memory.is_hybrid_swa,
-        sliding_window_size=model_config.sliding_window_size,
-        is_hybrid_ssm=model_config.is_hybrid_ssm,
-        disable_radix_cache=sa.disable_radix_cache,
-        enable_hierarchical_cache=sa.enable_hierarchical_cache,
-        eviction_policy=sa.radix_eviction_policy,
-        retraction_backup=retraction.backend if retraction else sa.disaggregation_decode_retraction_backup,
-        model_config=model_config,
-        mamba_pool=memory.mamba_pool,
-    )))
-    memory.attach_retraction_store(None if retraction is None else build_retraction_store(
-        retraction, memory.token_to_kv_pool, memory.allocator, mamba_pool=memory.mamba_pool))
+def build_scheduler_memory(sa, worker) -> MemoryManager:
+    """All of this scheduler's memory, for the model its worker loaded."""
+    spec = worker.memory_spec()
+    plan = retraction_plan(sa, spec.model_config)
+    memory = build_memory(spec, MemoryConfig.from_server_args(sa), CacheConfig.from_server_args(sa), plan,
+                          plugin_server_args=sa)
+    if plan is not None:
+        record_retraction(sa, plan, memory.retraction_config)
     return memory
 
 
-def resolve_decode_retraction(sa, model_config, device_pool, max_context_len: int):
-    """A PD decode server's retraction backup, resolved by the scheduler once its pools exist
-    (None on other servers: they recompute retracted requests). The default backend comes from
-    the model (`infer_decode_retraction_backup`), the default host-pool ratio from the device
-    pool's size; both are written back to `sa` (source "kv_cache_builder.decode_retraction", as
-    upstream) so /server_info shows what the server runs with. Returns the `RetractionConfig` the
-    store is built from, so `mem_cache/` never reads or writes `ServerArgs`."""
+def retraction_plan(sa, model_config) -> Optional[RetractionPlan]:
+    """A PD decode server's retraction backup (None on other servers: they recompute retracted
+    requests). The default backend comes from the model (`infer_decode_retraction_backup`); the
+    host pool is sized from the device pool unless --hicache-ratio or --hicache-size is given."""
     if sa.disaggregation_mode != "decode":
         return None
     backend, reason = infer_decode_retraction_backup(
         sa, is_hybrid_ssm=model_config.is_hybrid_ssm, is_pure_swa=model_config.is_pure_swa
     )
+    return RetractionPlan(
+        backend=backend, reason=reason, hicache_ratio=sa.hicache_ratio,
+        derive_hicache_ratio=sa.raw_input().get("hicache_ratio") is None and not sa.hicache_size,
+        hicache_size=sa.hicache_size, mamba_host_pool_slots=sa.mamba_host_pool_slots,
+        host_receive_threshold=sa.disaggregation_decode_host_receive_threshold,
+        enable_mamba_host_pool_backup=sa.enable_mamba_host_pool_backup,
+    )
+
+
+def record_retraction(sa, plan: RetractionPlan, resolved) -> None:
+    """What the build decided, in `ServerArgs` for /server_info (the automatic backend, the
+    derived host-pool ratio)."""
     if sa.disaggregation_decode_retraction_backup is None:
-        sa.override("kv_cache_builder.decode_retraction", disaggregation_decode_retraction_backup=backend)
-    validate_host_pool_retraction(backend, model_config.is_hybrid_ssm, model_config.is_pure_swa,
-                                  sa.enable_mamba_host_pool_backup)
-    ratio = sa.hicache_ratio
-    if backend == "host_pool" and sa.raw_input().get("hicache_ratio") is None and not sa.hicache_size:
-        ratio = decode_retraction_hicache_ratio(max_context_len, device_pool.size, device_pool.page_size,
-                                                sa.disaggregation_decode_host_receive_threshold)
-        sa.override("kv_cache_builder.decode_retraction", hicache_ratio=ratio)
-    return RetractionConfig(backend=backend, reason=reason, hicache_ratio=ratio, hicache_size=sa.hicache_size,
-                            mamba_host_pool_slots=sa.mamba_host_pool_slots)
+        sa.override("kv_cache_builder.decode_retraction", disaggregation_decode_retraction_backup=resolved.backend)
+    if resolved.backend == "host_pool" and plan.derive_hicache_ratio:
+        sa.override("kv_cache_builder.decode_retraction", hicache_ratio=resolved.hicache_ratio)

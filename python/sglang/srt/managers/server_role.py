@@ -89,8 +89,8 @@ class ServerRole:
             logger.exception("%s queue step failed for request %s", where, req.rid)
             self.remove(req)
             self.s.unqueue(req)
-            req.to_abort = FINISH_ABORT(f"Internal server error on the {where} server: {type(e).__name__}: {e}",
-                                        500, "InternalServerError")
+            req.abort(FINISH_ABORT(f"Internal server error on the {where} server: {type(e).__name__}: {e}",
+                                        500, "InternalServerError"))
             self.s.release_after_error(req)
             self.s.emit([req])
             return None

@@ -1,10 +1,16 @@
-"""(Scheduler process.) The memory of one scheduler, owned in one place.
+"""(Scheduler process.) The memory of one scheduler, owned in one place: the one door to it.
 
-`MemoryManager` builds and owns the request-to-token pool, the KV pool and its allocator (one
-MHA pool, or the hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree
-over them and the decode retraction backups (host pool), sized from the model config and the
-`MemoryConfig` slice. The rest of the server uses a few operations:
+`build_memory(spec, memory_config, cache_config, retraction)` makes all of it in one call, from
+typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, or the
+hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree over them and, on a
+PD decode server, the retraction backup store. The pools, the allocator and the tree are private
+to `mem_cache/` (`python -m sglang.check_layering` checks it); the rest of the server uses these
+operations:
 
+  match_prefix(req) / lock_prefix(req)  the longest cached prefix of a request, then locked so
+  match_and_lock(req) / unlock(req)     that allocating cannot evict it (and the lock given back)
+  admissible_tokens(reserved)           the admission budget: free + evictable KV tokens
+  free_request_rows() / state_slots_admissible(n)   rows and Mamba slots left for admission
   reserve(reqs, prefix_lens, seq_lens)  request rows, Mamba slots and KV slots for tokens
                                         [prefix_len, seq_len) of each request, in one go, with
                                         eviction from the tree when short and a full rollback
@@ -13,10 +19,11 @@ over them and the decode retraction backups (host pool), sized from the model co
   release(req, insert)                  a request's KV into the radix tree (or back to the pool)
   cache_unfinished(req)                 a running request's prompt KV into the tree (shared)
   backup_for_retraction / restore       a retracted PD decode request's KV (and Mamba state)
+  kv_slots(req, start, end)             a request's KV slots (what a PD transfer sends)
   stats()                               accounting for /server_info and /metrics
 
-The model runner receives the pools (`ModelRunner.attach_memory`) and attention backends see
-pools and shapes, never the runner.
+The pools leave `mem_cache/` only as `DevicePools` (`device_pools()`), for those that read and
+write their bytes: the model runner's attention backends and the PD transfer engines.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from sglang.srt.configs.runtime_config import MemoryConfig
+from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig, RetractionConfig
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
@@ -49,6 +56,96 @@ class MambaLayout:
     ssm_shape: Tuple[int, ...]
     hf_config: Any = None  # the checkpoint's config (its mamba_ssm_cache_dtype, if any)
     state_dtype: Optional[torch.dtype] = None  # the model's default for the recurrent state, if any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMemorySpec:
+    """What a loaded model needs of memory (`ModelWorker.memory_spec`)."""
+
+    model_config: Any
+    kv_dtype: torch.dtype
+    model_dtype: torch.dtype
+    device: str = "cpu"
+    mamba_layout: Optional[MambaLayout] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RetractionPlan:
+    """A PD decode server's retraction backup as decided before the pools exist: the backend (and
+    why), and whether the host pool is sized from the device pool (`derive_hicache_ratio`: the
+    user set neither --hicache-ratio nor --hicache-size); `build_memory` resolves it into the
+    `RetractionConfig` the store is built from (`MemoryManager.retraction_config`)."""
+
+    backend: str
+    reason: str = ""
+    hicache_ratio: Optional[float] = None
+    derive_hicache_ratio: bool = False
+    hicache_size: int = 0
+    mamba_host_pool_slots: Optional[int] = None
+    host_receive_threshold: Optional[float] = None
+    enable_mamba_host_pool_backup: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePools:
+    """The pools for those that move their bytes: the forward (attention backends, Mamba layers)
+    and the PD transfer engines. Never the allocator or the tree."""
+
+    req_to_token_pool: Any
+    token_to_kv_pool: Any
+    mamba_pool: Any = None
+
+
+def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[CacheConfig] = None,
+                 retraction: Optional[RetractionPlan] = None, plugin_server_args: Any = None) -> "MemoryManager":
+    """All the memory of one scheduler, in one call: the pools for the model (`memory`), then the
+    radix tree over them (the registry picks it from `cache`; None: no tree, for tools and model
+    tests) and, with a `retraction` plan (PD decode servers), the store that keeps retracted
+    requests' KV. `plugin_server_args` is handed, unread, to a registered tree backend (as upstream)."""
+    from sglang.srt.mem_cache.host_pool import decode_retraction_hicache_ratio
+    from sglang.srt.mem_cache.registry import (
+        TreeCacheBuildContext,
+        create_tree_cache,
+        validate_host_pool_retraction,
+    )
+    from sglang.srt.mem_cache.retraction_backup import build_retraction_store
+
+    mm = MemoryManager(spec.model_config, memory, kv_dtype=spec.kv_dtype, model_dtype=spec.model_dtype,
+                       device=spec.device, mamba_layout=spec.mamba_layout)
+    if cache is None:
+        return mm
+    mc, resolved = spec.model_config, None
+    if retraction is not None:  # resolved first (it needs the pool sizes): the tree's builder sees it
+        validate_host_pool_retraction(retraction.backend, mc.is_hybrid_ssm, mc.is_pure_swa,
+                                      retraction.enable_mamba_host_pool_backup)
+        ratio = retraction.hicache_ratio
+        if retraction.backend == "host_pool" and retraction.derive_hicache_ratio:
+            ratio = decode_retraction_hicache_ratio(mm.req_to_token_pool.max_context_len, mm.token_to_kv_pool.size,
+                                                    mm.token_to_kv_pool.page_size, retraction.host_receive_threshold)
+        resolved = RetractionConfig(backend=retraction.backend, reason=retraction.reason, hicache_ratio=ratio,
+                                    hicache_size=retraction.hicache_size,
+                                    mamba_host_pool_slots=retraction.mamba_host_pool_slots)
+    mm.tree_cache = create_tree_cache(TreeCacheBuildContext(
+        req_to_token_pool=mm.req_to_token_pool,
+        token_to_kv_pool_allocator=mm.allocator,
+        cache_config=cache,
+        server_args=plugin_server_args,
+        page_size=mm.page_size,
+        is_hybrid_swa=mm.is_hybrid_swa,
+        sliding_window_size=mc.sliding_window_size,
+        is_hybrid_ssm=mc.is_hybrid_ssm,
+        disable_radix_cache=cache.disable_radix_cache,
+        enable_hierarchical_cache=cache.enable_hierarchical_cache,
+        eviction_policy=cache.radix_eviction_policy,
+        retraction_backup=resolved.backend if resolved else cache.disaggregation_decode_retraction_backup,
+        model_config=mc,
+        mamba_pool=mm.mamba_pool,
+    ))
+    if resolved is not None:
+        mm.retraction_config = resolved
+        mm.retraction_store = build_retraction_store(resolved, mm.token_to_kv_pool, mm.allocator,
+                                                     mamba_pool=mm.mamba_pool)
+    return mm
 
 
 def available_memory_bytes(device: str) -> int:
@@ -72,8 +169,9 @@ class MemoryManager:
         self.mamba_pool = self._build_mamba_pool(mamba_layout, model_dtype) if mamba_layout else None
         if self.mamba_pool is not None and self.max_running_requests > self.mamba_pool.size:
             self.max_running_requests = self.mamba_pool.size  # a running request holds a state slot
-        self.tree_cache = None  # attach_tree_cache
-        self.retraction_store = None  # attach_retraction_store (PD decode servers)
+        self.tree_cache = None  # build_memory, when the server caches prefixes
+        self.retraction_store = None  # build_memory, on PD decode servers
+        self.retraction_config: Optional[RetractionConfig] = None  # what the store was built from
         self.init_free_kv = self.allocator.available_size()
 
     # --- sizing ------------------------------------------------------------------------------
@@ -167,14 +265,99 @@ class MemoryManager:
                     f"{pool.conv_state.nbytes / GB:.2f}GB, ssm_state size: {pool.ssm_state.nbytes / GB:.2f}GB")
         return pool
 
-    # --- what is built on top of the pools ---------------------------------------------------
-    def attach_tree_cache(self, tree_cache) -> None:
-        self.tree_cache = tree_cache
+    # --- what leaves mem_cache/ ------------------------------------------------------------------
+    def device_pools(self) -> DevicePools:
+        return DevicePools(self.req_to_token_pool, self.token_to_kv_pool, self.mamba_pool)
 
-    def attach_retraction_store(self, store) -> None:
-        self.retraction_store = store
+    @property
+    def has_state_slots(self) -> bool:
+        """Hybrid SSM models: every running request holds a Mamba state slot."""
+        return self.mamba_pool is not None
+
+    def kv_slots(self, req, start: int, end: int) -> torch.Tensor:
+        """The KV slots of a request's tokens [start, end)."""
+        return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end]
+
+    def retraction_abort_reason(self):
+        """Why a retracted request could not be backed up (the store is full)."""
+        return self.retraction_store.abort_reason()
+
+    # --- admission ------------------------------------------------------------------------------
+    def admissible_tokens(self, reserved: float = 0.0) -> float:
+        """The admission budget: KV tokens free now or freed by evicting unlocked tree nodes, less
+        what the caller reserves (e.g. what running requests will still decode)."""
+        return self.allocator.available_size() + self.tree_cache.evictable_size() - reserved
+
+    def free_request_rows(self) -> int:
+        return self.req_to_token_pool.available_size()
+
+    def state_slots_admissible(self, need: int, anchor_match=None) -> bool:
+        """Whether `need` more requests can get a Mamba slot (free, or freed by evicting an unlocked
+        tree state). `anchor_match`: the match one of them will lock, whose state then cannot be
+        evicted for its slot. Always True on models without state slots."""
+        if self.mamba_pool is None:
+            return True
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        evictable = self.tree_cache.component_evictable_size(ComponentType.MAMBA)
+        anchor = anchor_match.last_device_node if anchor_match is not None else None
+        if anchor is not None and not anchor.is_root:
+            d = anchor.data(ComponentType.MAMBA)
+            if d.value is not None and d.lock_ref == 0:
+                evictable -= 1
+        return self.mamba_pool.available_size() + evictable >= need
+
+    def match_prefix(self, req, with_state: bool = True, empty: bool = False) -> None:
+        """Sets `req.kv.prefix_match` / `req.kv.prefix_indices`: the longest cached prefix of
+        `req.fill_ids[:req.max_prefix_len()]` (no lock taken). `with_state=False`: the request's
+        recurrent state comes from elsewhere (PD decode); `empty`: no prefix (the root's match)."""
+        from sglang.srt.mem_cache.radix_key import RadixKey
+        from sglang.srt.mem_cache.unified_radix_cache import MatchPrefixParams
+
+        tokens = [] if empty else req.fill_ids[: req.max_prefix_len()]
+        req.kv.prefix_match = self.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key),
+                                                                          with_state=with_state))
+        req.kv.prefix_indices = req.kv.prefix_match.device_indices
+
+    def lock_prefix(self, req) -> None:
+        """Locks the prefix `match_prefix` found, so that allocating this batch cannot evict it."""
+        self.tree_cache.assign_prefix(req, req.kv.prefix_match)
+        req.kv.prefix_match = None
+
+    def match_and_lock(self, req, with_state: bool = True) -> int:
+        """Matches and locks `req`'s longest cached prefix; returns its length (0 without a tree).
+        Without state, a state at the prefix end is not kept locked (the request never reads it)."""
+        if self.tree_cache.disable:
+            return 0
+        self.match_prefix(req, with_state=with_state)
+        self.lock_prefix(req)
+        if not with_state:
+            self.tree_cache.release_prefix_state_lock(req)
+        return len(req.kv.prefix_indices)
+
+    def unlock(self, req) -> None:
+        """Undoes `match_and_lock` for a request that holds nothing else yet (it matches again later)."""
+        if req.kv.last_node is not None:
+            self.release(req)
+        req.kv.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.kv.cache_protected_len = 0
 
     # --- operations ----------------------------------------------------------------------------
+    def _alloc_state_slot(self) -> Optional[int]:
+        """One Mamba slot for a request, evicting one unlocked tree state when none is free."""
+        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+        slots = self.mamba_pool.alloc(1)
+        if slots is None and self.tree_cache.has_mamba_component:
+            self.tree_cache.evict(EvictParams(mamba_num=1))
+            slots = self.mamba_pool.alloc(1)
+        return None if slots is None else slots[0]
+
+    def _free_state_slot(self, req) -> None:
+        if req.kv.mamba_pool_idx is not None:
+            self.mamba_pool.free(req.kv.mamba_pool_idx)
+        req.kv.mamba_pool_idx = None
+
     def _evict(self, num_tokens: int) -> None:
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
@@ -213,52 +396,52 @@ class MemoryManager:
                 init_mamba_state: bool = True) -> Optional[torch.Tensor]:
         """The one reservation routine (prefill batches, PD pre-allocation, retraction resume).
 
-        Requests without a row get one (with `req.prefix_indices` written into it) and, on a
+        Requests without a row get one (with `req.kv.prefix_indices` written into it) and, on a
         hybrid SSM model, a Mamba slot (its state copied from the matched prefix, or zeroed, when
         `init_mamba_state`; a PD transfer or a restore fills it otherwise); then one KV
         allocation covers every request's new tokens, evicting unlocked tree nodes when short.
-        Sets `req.kv_len = seq_len`. Returns the new tokens' slots, concatenated; None when
+        Sets `req.kv.kv_len = seq_len`. Returns the new tokens' slots, concatenated; None when
         memory does not suffice, with everything this call took given back."""
         taken_rows, taken_slots = [], []
 
         def rollback() -> None:
             for req in taken_slots:
-                self.tree_cache.free_req_mamba_slot(req)
+                self._free_state_slot(req)
             for req in taken_rows:
-                self.req_to_token_pool.free(req.req_pool_idx)
-                req.req_pool_idx = None
+                self.req_to_token_pool.free(req.kv.req_pool_idx)
+                req.kv.req_pool_idx = None
 
         for req in reqs:
-            if req.req_pool_idx is None:
+            if req.kv.req_pool_idx is None:
                 rows = self.req_to_token_pool.alloc(1)
                 if rows is None:
                     rollback()
                     return None
-                req.req_pool_idx = rows[0]
+                req.kv.req_pool_idx = rows[0]
                 taken_rows.append(req)
-                if len(req.prefix_indices):
-                    self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
-            if self.mamba_pool is not None and req.mamba_pool_idx is None:
-                slot = self.tree_cache.alloc_mamba_slot()  # evicts a tree state when none is free
+                if len(req.kv.prefix_indices):
+                    self.req_to_token_pool.write(req.kv.req_pool_idx, 0, req.kv.prefix_indices)
+            if self.mamba_pool is not None and req.kv.mamba_pool_idx is None:
+                slot = self._alloc_state_slot()  # evicts a tree state when none is free
                 if slot is None:
                     rollback()
                     return None
-                req.mamba_pool_idx = slot
+                req.kv.mamba_pool_idx = slot
                 taken_slots.append(req)
                 if init_mamba_state:
                     self.tree_cache.init_req_mamba_state(req)  # copy-on-write of the prefix state, or zeros
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
         out = self._alloc_kv(prefix_lens, seq_lens, self._last_locs(rows, prefix_lens))
         if out is None:
             rollback()
             return None
         self._write_rows(rows, prefix_lens, seq_lens, out)
         for req, s in zip(reqs, seq_lens):
-            req.kv_len = s
+            req.kv.kv_len = s
         return out
 
     def new_pages_for_decode(self, reqs: Sequence[Any]) -> int:
-        return sum(1 for r in reqs if r.kv_len % self.page_size == 0) * self.page_size
+        return sum(1 for r in reqs if r.kv.kv_len % self.page_size == 0) * self.page_size
 
     def decode_fits(self, reqs: Sequence[Any]) -> bool:
         """Whether the next token of every request fits (evicting unlocked tree nodes if needed)."""
@@ -271,20 +454,19 @@ class MemoryManager:
 
     def reserve_decode(self, reqs: Sequence[Any]) -> Optional[torch.Tensor]:
         """One KV slot per request for its next token (`decode_fits` was checked)."""
-        return self.reserve(reqs, [r.kv_len for r in reqs], [r.kv_len + 1 for r in reqs], init_mamba_state=False)
+        return self.reserve(reqs, [r.kv.kv_len for r in reqs], [r.kv.kv_len + 1 for r in reqs], init_mamba_state=False)
 
     def release(self, req, insert: bool = False) -> None:
         """Gives back a request's memory: its KV into the radix tree (`insert`: finished requests
         whose KV is complete) or to the pool, its row, its Mamba slot and its prefix lock."""
-        if req.req_pool_idx is None:  # admitted (prefix locked) but never allocated
-            if req.last_node is not None:
-                self.tree_cache.dec_lock_ref(req.last_node, req.lock_receipt)
-            req.last_node, req.lock_receipt = None, None
-            if req.mamba_pool_idx is not None:
-                self.tree_cache.free_req_mamba_slot(req)
+        if req.kv.req_pool_idx is None:  # admitted (prefix locked) but never allocated
+            if req.kv.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.kv.last_node, req.kv.lock_receipt)
+            req.kv.last_node, req.kv.lock_receipt = None, None
+            self._free_state_slot(req)
             return
         self.tree_cache.cache_finished_req(req, is_insert=insert)
-        req.req_pool_idx = None
+        req.kv.req_pool_idx = None
 
     def cache_unfinished(self, req, chunked: bool = False) -> None:
         """A request that keeps running shares its prompt's KV through the radix tree."""
@@ -293,35 +475,35 @@ class MemoryManager:
     def free_swa_out_of_window(self, req, window: int) -> None:
         """Hybrid-SWA pool: give back SWA slots of whole pages no future token can attend to
         (only the request's own pages, past cache_protected_len; the tree keeps its own)."""
-        end = (req.kv_len - window) // self.page_size * self.page_size
-        start = max(req.swa_freed_len, req.cache_protected_len)
+        end = (req.kv.kv_len - window) // self.page_size * self.page_size
+        start = max(req.kv.swa_freed_len, req.kv.cache_protected_len)
         if end > start:
-            self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].clone())
-            req.swa_freed_len = end
+            self.allocator.free_swa(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end].clone())
+            req.kv.swa_freed_len = end
 
     # --- retraction backups (PD decode) --------------------------------------------------------
     def backup_for_retraction(self, req) -> Optional[Any]:
         """Copies a running request's KV (and Mamba state) into the retraction store; None when
         the store cannot keep it. The caller then releases the request's memory."""
-        indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].clone()
-        return self.retraction_store.backup(indices, req.mamba_pool_idx)
+        indices = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_len].clone()
+        return self.retraction_store.backup(indices, req.kv.mamba_pool_idx)
 
     def restore(self, req) -> bool:
         """Reserves fresh slots for a retracted request and copies its backup into them (no
         recomputation). False: memory does not suffice yet (nothing was taken)."""
-        backup = req.retraction_backup
+        backup = req.kv.retraction_backup
         n = backup.kv_len
         slots = self.reserve([req], [0], [n], init_mamba_state=False)
         if slots is None:
             return False
-        self.retraction_store.restore(backup, slots, req.mamba_pool_idx)
-        req.retraction_backup = None
+        self.retraction_store.restore(backup, slots, req.kv.mamba_pool_idx)
+        req.kv.retraction_backup = None
         return True
 
     def discard_backup(self, req) -> None:
-        if req.retraction_backup is not None:
-            self.retraction_store.discard(req.retraction_backup)
-            req.retraction_backup = None
+        if req.kv.retraction_backup is not None:
+            self.retraction_store.discard(req.kv.retraction_backup)
+            req.kv.retraction_backup = None
 
     # --- accounting -------------------------------------------------------------------------------
     def flush(self) -> None:

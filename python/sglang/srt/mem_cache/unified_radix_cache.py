@@ -6,15 +6,16 @@ request lifecycle, so the scheduler never touches tree nodes except as opaque ha
 Contract for the scheduler
 ==========================
 
-Req attributes this cache reads/writes (the scheduler provides them):
-  req_pool_idx: int             row of `req_to_token_pool.req_to_token`
+Req attributes this cache reads/writes (the scheduler provides them; the KV ones live in the
+request's KV record `req.kv`, `core/req.py::KVState`):
+  kv.req_pool_idx: int          row of `req_to_token_pool.req_to_token`
   origin_input_ids, output_ids  token lists
   fill_ids: list[int]           tokens whose KV is written once the current forward ran
   extra_key: None | str         namespace: requests with different extra_keys never share KV
-  prefix_indices: Tensor        int64 FULL slots the request does not have to compute
-  last_node, lock_receipt       the node its cached prefix ends at and the lock taken on it
+  kv.prefix_indices: Tensor     int64 FULL slots the request does not have to compute
+  kv.last_node, kv.lock_receipt the node its cached prefix ends at and the lock taken on it
                                 (None / None when it holds no lock)
-  cache_protected_len: int      the row's first cache_protected_len slots belong to the tree
+  kv.cache_protected_len: int   the row's first cache_protected_len slots belong to the tree
                                 (locked); the rest of the row belongs to the request. The cache
                                 re-derives it from last_node (the locked prefix's token depth)
                                 and writes it back, so it cannot go stale inside the cache.
@@ -52,7 +53,7 @@ request owns (positions >= cache_protected_len) and whole pages. The tree notice
 slots on insert (tombstones) and takes over a request's SWA slots to revive tombstones.
 
 Hybrid SSM models (`mamba_pool` given): every request also owns one MambaPool slot
-(`req.mamba_pool_idx`, allocated by the scheduler when the request gets its row). Right after
+(`req.kv.mamba_pool_idx`, allocated by the memory manager when the request gets its row). Right after
 allocating it the scheduler calls `cache.init_req_mamba_state(req)`: copy-on-write of the matched
 node's state into the slot (prefix hit) or zeros (no prefix); this also releases the single-node
 Mamba lock taken by `assign_prefix`. `cache_unfinished_req` / `cache_finished_req` store a copy
@@ -198,10 +199,10 @@ class UnifiedRadixCache:
     # ---- request lifecycle ------------------------------------------------------------------
     def assign_prefix(self, req, match: MatchResult) -> None:
         """Lock a fresh match for `req` and record it on the request (step 1 of the contract)."""
-        req.lock_receipt = self.inc_lock_ref(match.last_device_node)
-        req.last_node = match.last_device_node
-        req.prefix_indices = match.device_indices
-        req.cache_protected_len = int(match.device_indices.numel())
+        req.kv.lock_receipt = self.inc_lock_ref(match.last_device_node)
+        req.kv.last_node = match.last_device_node
+        req.kv.prefix_indices = match.device_indices
+        req.kv.cache_protected_len = int(match.device_indices.numel())
 
     # ---- Mamba state (hybrid SSM models) ------------------------------------------------------
     def _drop_mamba_lock(self, receipt: Optional[LockReceipt]) -> None:
@@ -215,10 +216,10 @@ class UnifiedRadixCache:
         """The request just got its own slot: copy the matched prefix's state into it
         (copy-on-write; the tree slot is never written by a request), or zero it when the
         request starts from no cached prefix."""
-        slot = req.mamba_pool_idx
-        node = req.last_node
+        slot = req.kv.mamba_pool_idx
+        node = req.kv.last_node
         src = None
-        if self.has_mamba_component and node is not None and not node.is_root and len(req.prefix_indices) > 0:
+        if self.has_mamba_component and node is not None and not node.is_root and len(req.kv.prefix_indices) > 0:
             from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
             src = MambaComponent.slot_of(node)
@@ -227,12 +228,12 @@ class UnifiedRadixCache:
             self.mamba_pool.clear_slot(slot)
         else:
             self.mamba_pool.copy_from(src, slot)
-        self._drop_mamba_lock(req.lock_receipt)
+        self._drop_mamba_lock(req.kv.lock_receipt)
 
     def release_prefix_state_lock(self, req) -> None:
         """The request never reads its matched prefix's state (a PD decode request gets its state
         from the prefill): the prefix node's state need not stay locked for it."""
-        self._drop_mamba_lock(req.lock_receipt)
+        self._drop_mamba_lock(req.kv.lock_receipt)
 
     def alloc_mamba_slot(self) -> Optional[int]:
         """One MambaPool slot, evicting one unlocked tree state when none is free."""
@@ -246,14 +247,14 @@ class UnifiedRadixCache:
         """Give `node` (the end of a freshly inserted key of `num_tokens` tokens) a copy of the
         request's state, which summarises `state_tokens` tokens; only when the two agree.
         `donate` (the request is done with its slot): the tree takes the slot itself, no copy."""
-        slot = req.mamba_pool_idx
+        slot = req.kv.mamba_pool_idx
         if not self.has_mamba_component or slot is None or node.is_root or num_tokens != state_tokens:
             return
         if node.data(MAMBA).value is not None:
             return  # same prefix, same state: keep the tree's copy
         if donate:
             self.core.set_component_value(node, MAMBA, torch.tensor([slot], dtype=torch.int64))
-            req.mamba_pool_idx = None  # now the tree's; free_req_mamba_slot has nothing to free
+            req.kv.mamba_pool_idx = None  # now the tree's; free_req_mamba_slot has nothing to free
             return
         self.core.inc_component_lock(node, FULL)  # keep `node` alive while evicting for a slot
         try:
@@ -266,32 +267,32 @@ class UnifiedRadixCache:
         self.core.set_component_value(node, MAMBA, torch.tensor([tree_slot], dtype=torch.int64))
 
     def free_req_mamba_slot(self, req) -> None:
-        slot = req.mamba_pool_idx
+        slot = req.kv.mamba_pool_idx
         if slot is not None and self.mamba_pool is not None:
             self.mamba_pool.free(slot)
-        req.mamba_pool_idx = None
+        req.kv.mamba_pool_idx = None
 
     def _release_lock(self, req) -> None:
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node, req.lock_receipt)
-        req.last_node = None
-        req.lock_receipt = None
+        if req.kv.last_node is not None:
+            self.dec_lock_ref(req.kv.last_node, req.kv.lock_receipt)
+        req.kv.last_node = None
+        req.kv.lock_receipt = None
 
     def _tree_owned_len(self, req) -> int:
         """How many leading slots of the request's row the tree owns: the token depth of the
         locked `last_node` (invariant under splits, since a split keeps the node's end). It is
         what `cache_protected_len` must say; computed here so a stale field cannot make the cache
         free slots the tree owns."""
-        node, depth = req.last_node, 0
+        node, depth = req.kv.last_node, 0
         if node is None or self.disable:
             return 0
         while not node.is_root:
             depth += len(node)
             node = node.parent
-        claimed = req.cache_protected_len
+        claimed = req.kv.cache_protected_len
         if claimed and claimed != depth:
-            logger.warning("req.cache_protected_len=%s but its locked prefix has %s tokens; using %s", claimed, depth, depth)
-        req.cache_protected_len = depth
+            logger.warning("req.kv.cache_protected_len=%s but its locked prefix has %s tokens; using %s", claimed, depth, depth)
+        req.kv.cache_protected_len = depth
         return depth
 
     @staticmethod
@@ -301,7 +302,7 @@ class UnifiedRadixCache:
     def cache_finished_req(self, req, is_insert: bool = True) -> None:
         free = self.token_to_kv_pool_allocator.free
         n = max(self._kv_committed_len(req), 0)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].clone()
         protected = self._tree_owned_len(req)
         if self.disable or not is_insert:
             free(row[protected:])
@@ -315,13 +316,13 @@ class UnifiedRadixCache:
             self._store_mamba_state(req, res.last_device_node, aligned, n, donate=True)
         self._release_lock(req)
         self.free_req_mamba_slot(req)
-        self.req_to_token_pool.free(req.req_pool_idx)
+        self.req_to_token_pool.free(req.kv.req_pool_idx)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         n = len(req.fill_ids)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :n].clone()
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].clone()
         if self.disable:
-            req.prefix_indices = row
+            req.kv.prefix_indices = row
             return
         protected = self._tree_owned_len(req)
         aligned = n // self.page_size * self.page_size
@@ -332,13 +333,13 @@ class UnifiedRadixCache:
         self._store_mamba_state(req, new_node, aligned, n)
         tree_indices = self.core.path_values(new_node)
         assert len(tree_indices) == aligned, (len(tree_indices), aligned)
-        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_indices[protected:])
+        self.req_to_token_pool.write(req.kv.req_pool_idx, protected, tree_indices[protected:])
         receipt = self.inc_lock_ref(new_node)  # lock the new node before releasing the old one
         self._drop_mamba_lock(receipt)  # the request has its own state: no need to pin the tree's
         self._release_lock(req)
-        req.last_node, req.lock_receipt = new_node, receipt
-        req.prefix_indices = torch.cat([tree_indices, row[aligned:]])
-        req.cache_protected_len = aligned
+        req.kv.last_node, req.kv.lock_receipt = new_node, receipt
+        req.kv.prefix_indices = torch.cat([tree_indices, row[aligned:]])
+        req.kv.cache_protected_len = aligned
 
     # ---- HiCache seam ---------------------------------------------------------------------
     def init_hicache(self, attach: Callable[["UnifiedRadixCache"], Any]) -> None:

@@ -1,12 +1,12 @@
 """(Scheduler process.) Owns the model and its attention backend; runs one forward per call.
 
     runner = ModelRunner(model_config, server_args, build_memory=False)  # loads the weights
-    memory = MemoryManager(...)   # the scheduler builds (and owns) the pools ...
-    runner.attach_memory(memory)  # ... and hands them to the runner
+    memory = build_memory(runner.memory_spec(), ...)  # the scheduler builds (and owns) memory ...
+    runner.attach_memory(memory)  # ... and hands the pools to the runner
     out = runner.forward(forward_batch)                               # -> LogitsProcessorOutput
 
-With `build_memory=True` (the default, for tests and tools) the runner builds a MemoryManager
-itself from the same settings. Settings come from the `RunnerConfig` / `MemoryConfig` slices of
+With `build_memory=True` (the default, for tests and tools) the runner builds the pools itself
+with the same call (no radix tree). Settings come from the `RunnerConfig` / `MemoryConfig` slices of
 `server_args` (defaults without one); any keyword argument overrides a field of either slice
 (tests pass keywords only), e.g. page_size=16, max_total_tokens=4096, attention_backend="triton".
 
@@ -35,7 +35,13 @@ from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_l
 from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small_m_rows
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
-from sglang.srt.mem_cache.memory_manager import MemoryManager, available_memory_bytes, mamba_layout_of
+from sglang.srt.mem_cache.memory_manager import (
+    MemoryManager,
+    ModelMemorySpec,
+    available_memory_bytes,
+    build_memory as build_memory_for,
+    mamba_layout_of,
+)
 from sglang.srt.utils.host_memory import return_freed_memory
 from sglang.srt.model_loader.loader import get_model, load_hf_config, resolve_dtype
 
@@ -77,10 +83,11 @@ class ModelRunner:
         self.dtype = resolve_dtype(self.config.dtype, self.hf_config, self.device)
         self.kv_cache_dtype = self._resolve_kv_cache_dtype(self.config.kv_cache_dtype)
         self.memory: Optional[MemoryManager] = None
+        self.pools = None  # DevicePools, from attach_memory
         self.attn_backend = None
         self.load_model()
         if build_memory:
-            self.attach_memory(self.build_memory(self.memory_config))
+            self.attach_memory(build_memory_for(self.memory_spec(), self.memory_config))
 
     # ---- setup --------------------------------------------------------------------------
     def _resolve_kv_cache_dtype(self, name: Optional[str]) -> torch.dtype:
@@ -139,17 +146,18 @@ class ModelRunner:
             f"avail mem={after / GB:.2f} GB, mem usage={max(before - after, 0) / GB:.2f} GB."
         )
 
-    def build_memory(self, memory_config: MemoryConfig) -> MemoryManager:
-        """The pools this model needs (call after loading: the KV budget is what is left)."""
-        return MemoryManager(self.model_config, memory_config, kv_dtype=self.kv_cache_dtype, model_dtype=self.dtype,
-                             device=self.device, mamba_layout=mamba_layout_of(self.model, self.hf_config))
+    def memory_spec(self) -> ModelMemorySpec:
+        """What this model needs of memory (ask after loading: the KV budget is what is left)."""
+        return ModelMemorySpec(self.model_config, kv_dtype=self.kv_cache_dtype, model_dtype=self.dtype,
+                               device=self.device, mamba_layout=mamba_layout_of(self.model, self.hf_config))
 
     def attach_memory(self, memory: MemoryManager) -> None:
         """Receives the pools; the attention backend is built from them (pools and shapes only)."""
         self.memory = memory
+        self.pools = pools = memory.device_pools()
         cfg = self.model_config
-        inputs = AttentionInputs(device=self.device, req_to_token_pool=memory.req_to_token_pool,
-                                 token_to_kv_pool=memory.token_to_kv_pool, num_heads=cfg.num_attention_heads,
+        inputs = AttentionInputs(device=self.device, req_to_token_pool=pools.req_to_token_pool,
+                                 token_to_kv_pool=pools.token_to_kv_pool, num_heads=cfg.num_attention_heads,
                                  num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                                  max_kv_splits=self.config.triton_attention_num_kv_splits)
         backend_name = self.config.attention_backend or ("torch_native" if self.device == "cpu" else "triton")
@@ -161,10 +169,11 @@ class ModelRunner:
 
     # ---- forward ------------------------------------------------------------------------
     def forward(self, forward_batch) -> LogitsProcessorOutput:
-        forward_batch.req_to_token_pool = self.memory.req_to_token_pool
-        forward_batch.token_to_kv_pool = self.memory.token_to_kv_pool
+        pools = self.pools
+        forward_batch.req_to_token_pool = pools.req_to_token_pool
+        forward_batch.token_to_kv_pool = pools.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
-        forward_batch.mamba_pool = self.memory.mamba_pool
+        forward_batch.mamba_pool = pools.mamba_pool
         if forward_batch.batch_size == 0 or forward_batch.num_tokens == 0:  # IDLE: nothing to run
             empty = torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
             return LogitsProcessorOutput(next_token_logits=empty,

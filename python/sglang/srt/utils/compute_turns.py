@@ -25,14 +25,15 @@ libgomp's would spin ~4 ms on a core the other scheduler or the HTTP processes n
 A scheduler takes its turn before it forms the step's batch, and when it had to wait it looks at its
 queues again (`Scheduler.step`): what arrived while the other one computed (a decode server's KV
 transfers, a prefill server's bootstrapped prompts) joins this batch instead of waiting a whole
-batch more.
+batch more. `ComputeTurns.gate` is that whole protocol around one batch; the batch itself (plan,
+forward, outputs) knows nothing of turns.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from sglang.srt.utils.cpu_binding import release_openmp_workers
 
@@ -100,6 +101,26 @@ class ComputeTurns:
         +2-3% serving throughput, alternating)."""
         if self.fd is not None:
             release_openmp_workers()
+
+    def gate(self, batch: Callable[[bool], None], forward_count: Callable[[], int],
+             end_of_turn: Callable[[], None]) -> None:
+        """Runs one step's batch in this scheduler's turn: takes the turn, runs `batch(waited)`
+        (`waited`: the other scheduler computed meanwhile, so look at the queues again), ends the
+        OpenMP workers when the batch ran a forward (`forward_count` moved), lets `end_of_turn`
+        finish what the other scheduler's next batch needs, and gives the turn back. Without
+        shared cores it just runs `batch(False)`."""
+        forwards = forward_count()
+        waited = self.take()
+        try:
+            try:
+                batch(waited)
+            finally:
+                if forward_count() != forwards:
+                    self.end_of_forward()
+            if self.held:
+                end_of_turn()
+        finally:
+            self.give_back()
 
     def give_back(self) -> None:
         if self.held:
