@@ -96,7 +96,7 @@ class DecodeRole(ServerRole):
         port = recv.bootstrap_port or self.bootstrap_port
         problem = self.bootstrap_hosts.problem(host, port)
         if problem is not None:
-            req.to_abort = FINISH_ABORT(problem, 400, "BadRequestError")
+            req.abort(FINISH_ABORT(problem, 400, "BadRequestError"))
             self.s.finish_unscheduled(req)
             return
         addr = _bootstrap_addr(host, port)
