@@ -6,7 +6,9 @@ there, as upstream) but is always float32 on CPU: CPU matmuls in fp32 are the ac
 reference path and what the parity tests use; pass --dtype bfloat16 to trade accuracy for speed.
 
 Parameters are created uninitialised (no random init of weights that are overwritten) and a
-checkpoint that leaves any parameter unfilled is rejected with the list of missing names.
+checkpoint that leaves any parameter unfilled is rejected with the list of missing names, in one
+line; tensors the model has no parameter for are listed in one warning
+(model_loader/weight_loading.py).
 """
 
 from __future__ import annotations
@@ -91,4 +93,9 @@ def get_model(model_config, dtype: torch.dtype, device: str = "cpu", hf_config: 
         if missing:
             shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
             raise ValueError(f"Checkpoint at {model_config.model_path} is missing weights: {shown}")
+    unused = list(getattr(model, "unused_weights", None) or [])
+    if unused:
+        shown = ", ".join(unused[:20]) + (f" ... ({len(unused)} in all)" if len(unused) > 20 else "")
+        logger.warning("Checkpoint at %s has weights the model does not use (ignored): %s",
+                       model_config.model_path, shown)
     return model.eval()
