@@ -79,7 +79,8 @@ class DecoderSpec:
     bias_key: str = "attention_bias"
     qk_norm: Optional[str] = None  # None | "head" (per head) | "full" (over all heads)
     mlp: str = "gated"  # "gated" (gate_up_proj, down_proj) | "fc" (fc1, fc2)
-    mlp_bias: Optional[bool] = None  # None: config.mlp_bias
+    mlp_bias: Optional[bool] = None  # None: config.<mlp_bias_key>
+    mlp_bias_key: str = "mlp_bias"
     act: Optional[str] = None  # None: config.hidden_activation / hidden_act
     embed_scale: Optional[str] = None  # "sqrt_hidden" (Gemma) | "multiplier" (Granite's embedding_multiplier)
     multipliers: bool = False  # Granite: residual_multiplier, attention_multiplier, logits_scaling
@@ -225,7 +226,7 @@ class DecoderLayer(nn.Module):
         self.layout = spec.layout
         self.self_attn = DecoderAttention(config, layer_id, model_config, spec)
         act = _act_name(spec, config)
-        mlp_bias = bool(_cfg(config, "mlp_bias", False)) if spec.mlp_bias is None else spec.mlp_bias
+        mlp_bias = bool(_cfg(config, spec.mlp_bias_key, False)) if spec.mlp_bias is None else spec.mlp_bias
         if spec.mlp == "gated":
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=mlp_bias, act=act)
         else:
