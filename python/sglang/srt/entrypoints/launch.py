@@ -83,6 +83,9 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.server_args import PortArgs
 
+    from sglang.srt.model_loader.loader import check_model_servable
+
+    check_model_servable(server_args.model_path)  # a config we cannot serve: one line, nothing spawned
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
