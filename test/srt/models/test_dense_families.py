@@ -160,3 +160,52 @@ def test_fast_path_where_the_family_fits_it(arch, monkeypatch):
     assert not any(ran_off)
     for a, b in zip(fused.decode, ref.decode):
         assert torch.equal(a, b)
+
+
+# ---- through sglang.Engine: real scheduler and detokenizer processes ----------------------------
+ENGINE_FAMILIES = ["gemma3", "phi3"]  # hybrid SWA with per-layer RoPE; fused checkpoint on the fast path
+
+
+@pytest.fixture(scope="module", params=ENGINE_FAMILIES)
+def engine(request):
+    import sglang
+
+    arch = request.param
+    eng = sglang.Engine(model_path=family_dir(arch), max_total_tokens=1024, dtype="float32", chunked_prefill_size=16,
+                        max_running_requests=4)
+    yield arch, eng
+    eng.shutdown()
+
+
+def test_engine_greedy_first_step_logprobs_and_prefix_hit(engine):
+    arch, eng = engine
+    prompt = random_prompt(PROMPT_LEN, seed=11)
+    params = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
+    hf = family_hf(arch)
+    expected = hf_greedy(hf, prompt, 6)
+    with torch.no_grad():
+        first = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    outs = [eng.generate(input_ids=prompt, sampling_params=params, return_logprob=True, top_logprobs_num=5)
+            for _ in range(2)]
+    for out in outs:
+        assert out["output_ids"] == expected
+        top = out["meta_info"]["output_top_logprobs"][0]
+        ref_vals, ref_ids = first.topk(5)
+        assert [t[1] for t in top] == ref_ids.tolist()
+        torch.testing.assert_close(torch.tensor([t[0] for t in top]), ref_vals, atol=1e-4, rtol=1e-4)
+    assert outs[0]["meta_info"]["cached_tokens"] == 0 and outs[1]["meta_info"]["cached_tokens"] > 0
+
+
+def test_engine_uses_the_checkpoints_chat_template(engine):
+    """The family's own chat template comes from its tokenizer files (the tiny checkpoints carry
+    SmolLM2's ChatML one)."""
+    from transformers import AutoTokenizer
+
+    arch, eng = engine
+    messages = [{"role": "user", "content": "Hi there"}]
+    tok = AutoTokenizer.from_pretrained(family_dir(arch))
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert "<|im_start|>assistant" in tok.decode(ids)
+    ours = eng.tokenizer_manager.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert ours == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
