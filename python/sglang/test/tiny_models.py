@@ -92,6 +92,12 @@ TINY_ARCHS.update({
                        tie_word_embeddings=True),
     "stablelm": dict(model_type="stablelm", architectures=["StableLmForCausalLM"], rope_theta=10000.0,
                      partial_rotary_factor=0.25, use_qkv_bias=True, layer_norm_eps=1e-5),
+    "glm": dict(model_type="glm", architectures=["GlmForCausalLM"], rope_theta=10000.0, partial_rotary_factor=0.5,
+                attention_bias=True),
+    "glm4": dict(model_type="glm4", architectures=["Glm4ForCausalLM"], rope_theta=10000.0, partial_rotary_factor=0.5,
+                 attention_bias=True),
+    "exaone4": dict(model_type="exaone4", architectures=["Exaone4ForCausalLM"], rope_theta=10000.0,
+                    sliding_window_pattern=2, **_SWA4),
     "smollm3": dict(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], rope_theta=10000.0,
                     num_hidden_layers=4, no_rope_layer_interval=2),
 })

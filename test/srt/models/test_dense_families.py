@@ -28,7 +28,7 @@ from sglang.test.hf_reference import hf_greedy
 from sglang.test.scheduler_utils import assert_no_leak, make_scheduler, run_to_completion, submit
 
 FAMILIES = ["mistral", "mistral_swa", "gemma", "gemma2", "gemma3", "phi3", "phi3_longrope", "phi", "olmo2",
-            "granite", "starcoder2", "stablelm", "smollm3"]
+            "granite", "starcoder2", "stablelm", "smollm3", "glm", "glm4", "exaone4"]
 PROMPT_LEN = 41
 
 
@@ -85,7 +85,8 @@ def _far(ours: LogitsTrace, ref: LogitsTrace) -> float:
 
 @pytest.mark.parametrize("arch,switch_off", [
     ("mistral_swa", "window"), ("starcoder2", "window"), ("gemma2", "window"), ("gemma2", "softcap"),
-    ("gemma2", "final_softcap"), ("gemma3", "window"), ("phi3_longrope", "long_factors"),
+    ("gemma2", "final_softcap"), ("gemma3", "window"), ("phi3_longrope", "long_factors"), ("exaone4", "window"),
+    ("glm", "interleaved_rope"),
 ])
 def test_options_act(arch, switch_off):
     """Guards the parity tests against passing trivially: without the option, the logits leave HF's."""
@@ -102,13 +103,16 @@ def test_options_act(arch, switch_off):
             attn.attn.logit_cap = 0.0
         elif switch_off == "long_factors":
             attn.rotary_emb.long_tables = None
+        elif switch_off == "interleaved_rope":
+            assert attn.rotary_emb.rotary_dim == attn.head_dim // 2
+            attn.rotary_emb.is_neox_style = True
     if switch_off == "final_softcap":
         assert model.logits_processor.final_logit_softcapping == 3.0
         model.logits_processor.final_logit_softcapping = None
     try:
         assert _far(our_logits(runner, prompt, []), ref) > 1e-2
     finally:
-        if switch_off == "long_factors":  # the rotary table is shared by every runner in the process
+        if switch_off in ("long_factors", "interleaved_rope"):  # rotary tables are shared in the process
             from sglang.srt.layers import rotary_embedding
 
             rotary_embedding._ROPE_CACHE.clear()
@@ -132,7 +136,8 @@ def test_window_layers_and_pools():
 # True: the whole stack in one call; "layers": the layers that fit (SmolLM3's RoPE layers, not
 # its NoPE ones), one call each; False: each layer's ops
 FUSED = {"mistral": True, "mistral_swa": True, "phi3": True, "phi3_longrope": False, "gemma": False,
-         "gemma2": False, "phi": False, "granite": False, "smollm3": "layers", "stablelm": False}
+         "gemma2": False, "phi": False, "granite": False, "smollm3": "layers", "stablelm": False, "glm": False,
+         "exaone4": False}
 
 
 @pytest.mark.parametrize("arch", list(FUSED))
@@ -209,3 +214,25 @@ def test_engine_uses_the_checkpoints_chat_template(engine):
     assert "<|im_start|>assistant" in tok.decode(ids)
     ours = eng.tokenizer_manager.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert ours == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
+def test_pd_decode_host_pool_retraction(arch):
+    """A PD decode server (in-process, `fake` transfer: each prompt's KV from a local prefill)
+    under memory pressure retracts to the host pool and resumes without recomputing, with HF's
+    tokens; afterwards every pool (full and SWA) is whole."""
+    from sglang.test.scheduler_utils import random_prompts
+
+    sched = make_scheduler(family_dir(arch), max_total_tokens=320, page_size=1, chunked_prefill_size=64,
+                           disaggregation_mode="decode", disaggregation_transfer_backend="fake",
+                           num_reserved_decode_tokens=8, max_running_requests=16,
+                           disaggregation_decode_retraction_backup="host_pool")
+    prompts = random_prompts([40] * 8, seed=21)
+    reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(prompts)]
+    run_to_completion(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert sched.num_recomputed_tokens == 0
+    hf = family_hf(arch)
+    for r, p in zip(reqs, prompts):
+        assert r.output_ids == hf_greedy(hf, p, 40), r.rid
+    assert_no_leak(sched)

@@ -47,6 +47,9 @@ DENSE_ARCHITECTURES = {
     "Starcoder2ForCausalLM",
     "StableLmForCausalLM",
     "SmolLM3ForCausalLM",
+    "GlmForCausalLM",
+    "Glm4ForCausalLM",
+    "Exaone4ForCausalLM",
 }
 
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | {

@@ -155,8 +155,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
                  rope_scaling: Optional[Dict[str, Any]] = None, original_max_position: Optional[int] = None,
-                 config_max_position: Optional[int] = None):
+                 config_max_position: Optional[int] = None, is_neox_style: bool = True):
         super().__init__()
+        # False: GLM's interleaved layout (pairs 2i, 2i+1 rotate with frequency i; torch ops only)
+        self.is_neox_style = is_neox_style
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.base = base
@@ -243,6 +245,23 @@ class RotaryEmbedding(nn.Module):
             )
         self._checked = positions
 
+    def _forward_interleaved(self, positions, query, key, cos, sin):
+        """HF GLM: cos/sin of frequency i on dims 2i and 2i+1, rotate (x0, x1) -> (-x1, x0)."""
+        T, rd = positions.shape[0], self.rotary_dim
+        cos = cos[..., : rd // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : rd // 2].repeat_interleave(2, dim=-1)
+
+        def rotate(x):
+            x = x.view(T, -1, self.head_size)
+            x_rot = x[..., :rd]
+            pairs = torch.stack((-x_rot[..., 1::2], x_rot[..., 0::2]), dim=-1).flatten(-2)
+            out = x_rot * cos + pairs * sin
+            if rd < self.head_size:
+                out = torch.cat((out, x[..., rd:]), dim=-1)
+            return out
+
+        return rotate(query).reshape(query.shape), rotate(key).reshape(key.shape)
+
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -250,13 +269,15 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """query: [T, n_q * head_size], key: [T, n_kv * head_size] -> rotated, same shapes."""
-        if (cpu_ops.enabled(query) and query.dim() == 2 and key.dim() == 2 and key.dtype == query.dtype
+        if (self.is_neox_style and cpu_ops.enabled(query) and query.dim() == 2 and key.dim() == 2 and key.dtype == query.dtype
                 and query.stride(-1) == 1 and key.stride(-1) == 1 and positions.dtype == torch.int64):
             self.check_positions(positions)
             cos_t, sin_t = self.tables(positions)
             return torch.ops.sgl_kernel.rotary_embedding(positions.contiguous(), query, key, self.head_size,
                                                          cos_t, sin_t)
         cos, sin = self._cos_sin(positions, query.dtype)
+        if not self.is_neox_style:
+            return self._forward_interleaved(positions, query, key, cos, sin)
         T = positions.shape[0]
         q = query.view(T, -1, self.head_size)
         k = key.view(T, -1, self.head_size)
@@ -275,24 +296,27 @@ _ROPE_CACHE: Dict[str, RotaryEmbedding] = {}
 
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
              rope_scaling: Optional[Dict[str, Any]] = None,
-             config_max_position: Optional[int] = None) -> RotaryEmbedding:
+             config_max_position: Optional[int] = None, is_neox_style: bool = True) -> RotaryEmbedding:
     """The rotary embedding for these settings; equal settings share one instance (one table,
     and cos/sin gathered once per forward for all layers). `config_max_position`: the config's
     `max_position_embeddings` (yarn/longrope derive their default factors from it; `max_position`
     is the table's length, which may be longer)."""
     key = repr((head_size, rotary_dim, max_position, base, sorted((rope_scaling or {}).items()),
-                config_max_position, str(torch.get_default_device())))
+                config_max_position, is_neox_style, str(torch.get_default_device())))
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = _new_rope(head_size, rotary_dim, max_position, base, rope_scaling, config_max_position)
+        _ROPE_CACHE[key] = _new_rope(head_size, rotary_dim, max_position, base, rope_scaling, config_max_position,
+                                     is_neox_style)
     return _ROPE_CACHE[key]
 
 
 def _new_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
-              rope_scaling: Optional[Dict[str, Any]], config_max_position: Optional[int] = None) -> RotaryEmbedding:
+              rope_scaling: Optional[Dict[str, Any]], config_max_position: Optional[int] = None,
+              is_neox_style: bool = True) -> RotaryEmbedding:
     original = None
     if rope_scaling:
         original = rope_scaling.get("original_max_position_embeddings")
     table = max_position
     if rope_scaling and rope_scaling.get("rope_type") == "dynamic" and original is None:
         original = max_position
-    return RotaryEmbedding(head_size, rotary_dim, table, base, rope_scaling, original, config_max_position)
+    return RotaryEmbedding(head_size, rotary_dim, table, base, rope_scaling, original, config_max_position,
+                           is_neox_style)

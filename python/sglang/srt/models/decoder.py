@@ -85,6 +85,7 @@ class DecoderSpec:
     embed_scale: Optional[str] = None  # "sqrt_hidden" (Gemma) | "multiplier" (Granite's embedding_multiplier)
     multipliers: bool = False  # Granite: residual_multiplier, attention_multiplier, logits_scaling
     window_all_layers: bool = False  # config.sliding_window on every layer (full KV pool)
+    rope_interleaved: bool = False  # GLM: rotate pairs (2i, 2i+1) instead of halves
     lm_head_bias: bool = False
     final_norm: str = "norm"  # the final norm's module name
     scaling: Callable[[Any, int], float] = default_scaling
@@ -164,7 +165,8 @@ class DecoderAttention(nn.Module):
             theta, scaling = rope
             rotary_dim = int(self.head_dim * partial_rotary_factor(config))
             self.rotary_emb = get_rope(self.head_dim, rotary_dim, _max_positions(config, model_config), theta,
-                                       scaling, int(_cfg(config, "max_position_embeddings", 2048)))
+                                       scaling, int(_cfg(config, "max_position_embeddings", 2048)),
+                                       is_neox_style=not spec.rope_interleaved)
         scale = spec.scaling(config, self.head_dim)
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, scale, self.num_kv_heads, layer_id=layer_id,
@@ -246,7 +248,8 @@ class DecoderLayer(nn.Module):
         self.fused_decode_ok = (spec.layout == "pre" and spec.norm == "rms" and spec.mlp == "gated"
                                 and self.mlp.act_and_mul is None and self.residual_multiplier == 1.0
                                 and spec.qk_norm in (None, "head") and rope is not None
-                                and rope.rotary_dim == rope.head_size and not rope.per_forward_tables)
+                                and rope.rotary_dim == rope.head_size and not rope.per_forward_tables
+                                and rope.is_neox_style)
         self.fused_decode_args: dict = {}  # layers/fused_decode.py's per-(rows, dtype) arguments
 
     def forward(self, positions, hidden_states, forward_batch, residual: Optional[torch.Tensor]):

@@ -24,6 +24,9 @@ _MODELS: Dict[str, tuple] = {
     "Starcoder2ForCausalLM": ("sglang.srt.models.starcoder2", "Starcoder2ForCausalLM"),
     "StableLmForCausalLM": ("sglang.srt.models.stablelm", "StableLmForCausalLM"),
     "SmolLM3ForCausalLM": ("sglang.srt.models.smollm3", "SmolLM3ForCausalLM"),
+    "GlmForCausalLM": ("sglang.srt.models.glm", "GlmForCausalLM"),
+    "Glm4ForCausalLM": ("sglang.srt.models.glm4", "Glm4ForCausalLM"),
+    "Exaone4ForCausalLM": ("sglang.srt.models.exaone4", "Exaone4ForCausalLM"),
     # Sequence classification (rerankers, reward models; served with --is-embedding)
     "LlamaForSequenceClassification": ("sglang.srt.models.llama", "LlamaForSequenceClassification"),
     "Qwen2ForSequenceClassification": ("sglang.srt.models.qwen2", "Qwen2ForSequenceClassification"),
