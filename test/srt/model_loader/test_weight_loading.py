@@ -108,3 +108,16 @@ def test_launch_server_refuses_in_one_line(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert lines == ["error: config.json rope_scaling.rope_type='mrope' is not supported; "
                      "supported: default, linear, llama3, dynamic, yarn, longrope"]
+
+
+def test_check_server_args_names_the_field(tmp_path, capsys):
+    from sglang.check_server_args import main
+
+    unknown = _copy(family_dir("mistral"), str(tmp_path / "unknown"),
+                    edit_config=lambda c: c.update(architectures=["FooForCausalLM"]))
+    family_dir("gemma2")
+    capsys.readouterr()  # building the tiny checkpoints prints progress bars
+    assert main(["--model-path", unknown]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Model architectures ['FooForCausalLM'] are not supported for now.") and "\n" not in err
+    assert main(["--model-path", family_dir("gemma2")]) == 0
