@@ -16,8 +16,6 @@ partial rotary, NoPE layers, Granite's multipliers, fused checkpoints (Phi-3).
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
