@@ -62,6 +62,9 @@ def _load_model_config(model_path: str):
 
 def _model_checks(sa: ServerArgs, model_config, backup: Optional[str]) -> None:
     from sglang.srt.mem_cache.registry import validate_host_pool_retraction
+    from sglang.srt.model_loader.loader import check_model_servable
+
+    check_model_servable(sa.model_path)
 
     validate_host_pool_retraction(backup, model_config.is_hybrid_ssm, model_config.is_pure_swa,
                                   sa.enable_mamba_host_pool_backup)

@@ -55,6 +55,53 @@ TINY_ARCHS: Dict[str, dict] = {
                       layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
 }
 
+# Dense families (models/decoder.py declarations). Windows (8) are much shorter than test prompts,
+# soft-caps are small enough to bite, and every family-specific option is on.
+_SWA4 = dict(num_hidden_layers=4, sliding_window=8,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+TINY_ARCHS.update({
+    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"], rope_theta=10000.0,
+                    sliding_window=None),
+    "mistral_swa": dict(model_type="mistral", architectures=["MistralForCausalLM"], rope_theta=10000.0,
+                        sliding_window=8),
+    "gemma": dict(model_type="gemma", architectures=["GemmaForCausalLM"], rope_theta=10000.0,
+                  hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True),
+    "gemma2": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], rope_theta=10000.0,
+                   hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=3.0, tie_word_embeddings=True, **_SWA4),
+    "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=24, final_logit_softcapping=5.0, tie_word_embeddings=True,
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                   **_SWA4),
+    "phi3": dict(model_type="phi3", architectures=["Phi3ForCausalLM"], rope_theta=10000.0, sliding_window=None),
+    # longrope past its original length (32): prompts of 40+ tokens use the long factors
+    "phi3_longrope": dict(model_type="phi3", architectures=["Phi3ForCausalLM"], sliding_window=None,
+                          max_position_embeddings=2048, original_max_position_embeddings=32,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "original_max_position_embeddings": 32,
+                                           "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0, 2.5],
+                                           "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]}),
+    "phi": dict(model_type="phi", architectures=["PhiForCausalLM"], rope_theta=10000.0, partial_rotary_factor=0.5,
+                hidden_act="gelu_new", layer_norm_eps=1e-5, num_key_value_heads=4),
+    "olmo2": dict(model_type="olmo2", architectures=["Olmo2ForCausalLM"], rope_theta=10000.0),
+    "granite": dict(model_type="granite", architectures=["GraniteForCausalLM"], rope_theta=10000.0,
+                    embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=1.5),
+    "starcoder2": dict(model_type="starcoder2", architectures=["Starcoder2ForCausalLM"], rope_theta=10000.0,
+                       sliding_window=8, use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5,
+                       tie_word_embeddings=True),
+    "stablelm": dict(model_type="stablelm", architectures=["StableLmForCausalLM"], rope_theta=10000.0,
+                     partial_rotary_factor=0.25, use_qkv_bias=True, layer_norm_eps=1e-5),
+    "glm": dict(model_type="glm", architectures=["GlmForCausalLM"], rope_theta=10000.0, partial_rotary_factor=0.5,
+                attention_bias=True),
+    "glm4": dict(model_type="glm4", architectures=["Glm4ForCausalLM"], rope_theta=10000.0, partial_rotary_factor=0.5,
+                 attention_bias=True),
+    "exaone4": dict(model_type="exaone4", architectures=["Exaone4ForCausalLM"], rope_theta=10000.0,
+                    sliding_window_pattern=2, **_SWA4),
+    "smollm3": dict(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], rope_theta=10000.0,
+                    num_hidden_layers=4, no_rope_layer_interval=2),
+})
+
 # Mamba2 hybrids: 8 Mamba heads x head_dim 8 in 2 groups, d_state 16, and an SSD chunk of 8 tokens
 # so that ordinary test prompts span several chunks.
 TINY_ARCHS["nemotron_h"] = dict(
@@ -148,14 +195,15 @@ def tiny_config_dict(arch: str = "llama", **config_overrides) -> dict:
 
 
 def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, sequence_classification: bool = False,
-                    **config_overrides) -> str:
+                    dtype: str = "float32", **config_overrides) -> str:
     """Builds a random-weight fp32 HF model folder at `path` and returns `path`.
 
     `arch` is one of TINY_ARCHS ("llama", "llama_tied", "llama3_rope", "qwen2", "qwen3",
     "qwen3_swa", "qwen2_swa"); `config_overrides` replace config fields (e.g.
     num_hidden_layers=4, sliding_window=16, tie_word_embeddings=True). With
     `sequence_classification`, the model is HF's `*ForSequenceClassification` (a reranker head;
-    `num_labels=1` unless overridden) instead of the causal LM.
+    `num_labels=1` unless overridden) instead of the causal LM. `dtype="bfloat16"` saves the same
+    random weights rounded to bf16 (a bf16 checkpoint).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -179,6 +227,8 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, sequence_clas
     auto = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
     model.eval()
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
     model.save_pretrained(path, safe_serialization=True)
     return path
 

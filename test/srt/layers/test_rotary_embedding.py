@@ -71,6 +71,8 @@ def test_dynamic_beyond_original_context_matches_hf_at_the_last_position():
 
 
 def test_rope_config_formats():
+    from sglang.srt.layers.rotary_embedding import check_rope_config
+
     assert get_rope_config({"rope_theta": 5.0}) == (5.0, None)
     assert get_rope_config({}) == (10000.0, None)
     old = {"rope_theta": 7.0, "rope_scaling": {"type": "linear", "factor": 2.0}}
@@ -79,8 +81,13 @@ def test_rope_config_formats():
     theta, scaling = get_rope_config(new)
     assert theta == 9.0 and scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
     assert get_rope_config({"rope_parameters": {"rope_theta": 3.0, "rope_type": "default"}}) == (3.0, None)
-    with pytest.raises(NotImplementedError, match="rope_type 'su'"):
-        get_rope(HEAD, HEAD, 16, 10000.0, {"rope_type": "su"})
+    # Phi-3's first checkpoints called longrope "su" (HF reads it as longrope)
+    su = get_rope_config({"rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [2.0]}})[1]
+    assert su["rope_type"] == "longrope"
+    with pytest.raises(ValueError, match=r"rope_scaling.rope_type='ntk_by_parts' is not supported"):
+        get_rope(HEAD, HEAD, 16, 10000.0, {"rope_type": "ntk_by_parts"})
+    with pytest.raises(ValueError, match=r"^config.json rope_scaling.rope_type='ntk_by_parts' is not supported"):
+        check_rope_config({"rope_scaling": {"rope_type": "ntk_by_parts", "factor": 2.0}})
 
 
 def test_equal_settings_share_one_instance_and_cos_sin_per_positions():

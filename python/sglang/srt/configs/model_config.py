@@ -31,10 +31,28 @@ HYBRID_SSM_ARCHITECTURES = {
     "KimiLinearForCausalLM",
 }
 
-SUPPORTED_ARCHITECTURES = {
+# Dense decoder families (models/decoder.py declarations).
+DENSE_ARCHITECTURES = {
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "PhiForCausalLM",
+    "Olmo2ForCausalLM",
+    "GraniteForCausalLM",
+    "Starcoder2ForCausalLM",
+    "StableLmForCausalLM",
+    "SmolLM3ForCausalLM",
+    "GlmForCausalLM",
+    "Glm4ForCausalLM",
+    "Exaone4ForCausalLM",
+}
+
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | {
     "NemotronHForCausalLM",
     "FalconH1ForCausalLM",
     "LlamaForSequenceClassification",
@@ -117,7 +135,8 @@ class ModelConfig:
 
         attention_layers = _attention_layer_ids(cfg, arch, num_layers)
         is_ssm = arch in HYBRID_SSM_ARCHITECTURES or _has_ssm_layers(cfg)
-        swa_ids, full_ids, window = _sliding_window_layers(cfg, attention_layers)
+        swa_ids, full_ids, window = _sliding_window_layers(_with_default_layer_types(cfg, arch, num_layers),
+                                                           attention_layers)
         return cls(
             model_path=model_path,
             architecture=arch,
@@ -163,6 +182,22 @@ def _attention_layer_ids(cfg: dict, arch: str, num_layers: int) -> List[int]:
     if layer_types and any(t in _SSM_LAYER_TYPES for t in layer_types):
         return [i for i, t in enumerate(layer_types) if t in _ATTENTION_LAYER_TYPES]
     return list(range(num_layers))
+
+
+def _with_default_layer_types(cfg: dict, arch: str, num_layers: int) -> dict:
+    """Gemma 2 / Gemma 3 checkpoints saved before `layer_types` existed: HF's defaults (Gemma 2
+    alternates sliding and global layers; Gemma 3 has one global layer every
+    `sliding_window_pattern`, default 6)."""
+    if cfg.get("layer_types") or not cfg.get("sliding_window"):
+        return cfg
+    if arch == "Gemma2ForCausalLM":
+        pattern = 2
+    elif arch == "Gemma3ForCausalLM":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+    else:
+        return cfg
+    kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    return {**cfg, "layer_types": kinds}
 
 
 def _sliding_window_layers(cfg: dict, attention_layers: List[int]):

@@ -88,10 +88,12 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.managers.internal_channel import internal_codec
+    from sglang.srt.model_loader.loader import check_model_servable
     from sglang.srt.server_args import PortArgs
     from sglang.srt.utils.heartbeat import Heartbeat
 
     internal_codec()  # a bad SGLANG_INTERNAL_SECRET fails here, before any process starts
+    check_model_servable(server_args.model_path)  # a config we cannot serve: one line, nothing spawned
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")

@@ -63,6 +63,8 @@ def _layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
 
 
 def _build_layer_args(layer, rows: int, dtype: torch.dtype) -> Optional[tuple]:
+    if not getattr(layer, "fused_decode_ok", True):  # models/decoder.py: not a Llama-shaped layer
+        return None
     attn, mlp = layer.self_attn, layer.mlp
     linears = [_linear_args(m, rows, dtype) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     norms = [layer.input_layernorm, layer.post_attention_layernorm]

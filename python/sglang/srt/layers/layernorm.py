@@ -63,3 +63,36 @@ class ZeroCenteredRMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+# Gemma's RMSNorm is the same arithmetic: `norm(x) * (1 + w)` in fp32, then the cast back.
+GemmaRMSNorm = ZeroCenteredRMSNorm
+
+
+class Fp32WeightRMSNorm(RMSNorm):
+    """RMSNorm that applies the weight in fp32 before the cast back (HF Olmo 2; the same as
+    RMSNorm in fp32)."""
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        if residual is not None:
+            x = x + residual
+        h = F.rms_norm(x.float(), (x.shape[-1],), None, self.variance_epsilon)
+        out = (self.weight.float() * h).to(x.dtype)
+        return out if residual is None else (out, x)
+
+
+class LayerNorm(nn.Module):
+    """torch's LayerNorm (with or without a bias) in the fused-residual form of RMSNorm (Phi,
+    StableLM, Starcoder 2)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if bias else None
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        if residual is not None:
+            x = x + residual
+        out = F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.variance_epsilon)
+        return out if residual is None else (out, x)

@@ -6,7 +6,9 @@ there, as upstream) but is always float32 on CPU: CPU matmuls in fp32 are the ac
 reference path and what the parity tests use; pass --dtype bfloat16 to trade accuracy for speed.
 
 Parameters are created uninitialised (no random init of weights that are overwritten) and a
-checkpoint that leaves any parameter unfilled is rejected with the list of missing names.
+checkpoint that leaves any parameter unfilled is rejected with the list of missing names, in one
+line; tensors the model has no parameter for are listed in one warning
+(model_loader/weight_loading.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,36 @@ def resolve_dtype(dtype: Any, hf_config: Any = None, device: str = "cpu") -> tor
     return cfg
 
 
+class ModelConfigError(ValueError):
+    """A config.json the server cannot serve; the message is one line naming the field."""
+
+
+def check_model_servable(model_path: str) -> None:
+    """What start-up checks before any process is spawned (and `check_server_args` too): the
+    architecture is one the registry has (upstream's message otherwise) and the RoPE scaling is
+    one the rotary embedding computes. Skips folders without a config.json ("default")."""
+    import json
+    import os
+
+    path = os.path.join(str(model_path), "config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        cfg = json.load(f)
+    archs = cfg.get("architectures") or []
+    supported = ModelRegistry.get_supported_archs()
+    if not any(a in supported for a in archs):
+        raise ModelConfigError(f"Model architectures {archs} are not supported for now. "
+                               f"Supported architectures: {supported}")
+    from sglang.srt.layers.rotary_embedding import check_rope_config
+
+    text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+    try:
+        check_rope_config(text)
+    except ValueError as e:
+        raise ModelConfigError(str(e)) from None
+
+
 def load_hf_config(model_path: str):
     from transformers import AutoConfig
 
@@ -91,4 +123,9 @@ def get_model(model_config, dtype: torch.dtype, device: str = "cpu", hf_config: 
         if missing:
             shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
             raise ValueError(f"Checkpoint at {model_config.model_path} is missing weights: {shown}")
+    unused = list(getattr(model, "unused_weights", None) or [])
+    if unused:
+        shown = ", ".join(unused[:20]) + (f" ... ({len(unused)} in all)" if len(unused) > 20 else "")
+        logger.warning("Checkpoint at %s has weights the model does not use (ignored): %s",
+                       model_config.model_path, shown)
     return model.eval()

@@ -17,7 +17,7 @@ The scan clamps dt to `time_step_limit`; the decode step does not (as HF).
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, Iterable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,8 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mamba.mamba_mixer2 import Mamba2Metadata, MambaMixer2
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM
+from sglang.srt.model_loader.weight_loading import expected_weight_keys, load_weights_into
+from sglang.srt.models.llama import LlamaAttention
 
 
 def falcon_h1_mup_vector(config: Any) -> torch.Tensor:
@@ -144,9 +145,12 @@ class FalconH1ForCausalLM(nn.Module):
         (".qkv_proj", ".k_proj", "k"),
         (".qkv_proj", ".v_proj", "v"),
     ]
-    # Loading and the expected-key check are the Llama ones (same HF naming scheme).
-    load_weights = LlamaForCausalLM.load_weights
-    expected_weight_keys = LlamaForCausalLM.expected_weight_keys
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
+        return load_weights_into(self, weights, self.stacked_params_mapping)
+
+    def expected_weight_keys(self) -> set:
+        return expected_weight_keys(self)
 
     def __init__(self, config: Any, model_config=None):
         super().__init__()

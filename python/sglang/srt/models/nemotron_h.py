@@ -26,6 +26,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.mamba.mamba_mixer2 import Mamba2Metadata, MambaMixer2
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_loader.weight_loading import expected_weight_keys, load_weights_into
 
 _TYPE_TO_CHAR = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
                  "mlp": "-", "moe": "E"}
@@ -283,49 +284,35 @@ class NemotronHForCausalLM(nn.Module):
             name = "backbone." + name[len("model."):]
         return name
 
+    def _load_experts(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[List[str]]:
+        """Expert weights: one expert's into its slice, or HF's in-memory [E, ...] tensor whole."""
+        expert = _EXPERT_WEIGHT.match(name)
+        if expert is not None:  # one expert of a stacked [E, ...] parameter
+            target = f"{expert.group(1)}experts.{expert.group(3)}"
+            e = int(expert.group(2))
+            param = params.get(target)
+            if param is None:
+                return None
+            default_weight_loader_slice(param, e, tensor)
+            return [f"{target}:{e}"]
+        if ".experts." in name:
+            param = params.get(name)
+            if param is None:
+                return None
+            default_weight_loader(param, tensor)
+            return [f"{name}:{e}" for e in range(tensor.shape[0])]
+        return None
+
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
         params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            name = self._canonical(name)
-            if name is None:
-                continue
-            expert = _EXPERT_WEIGHT.match(name)
-            if expert is not None:  # one expert of a stacked [E, ...] parameter
-                target = f"{expert.group(1)}experts.{expert.group(3)}"
-                e = int(expert.group(2))
-                if target in params:
-                    default_weight_loader_slice(params[target], e, tensor)
-                    loaded.add(f"{target}:{e}")
-                continue
-            for merged, frag, shard in self.stacked_params_mapping:
-                if frag not in name:
-                    continue
-                target = name.replace(frag, merged)
-                if target not in params:
-                    continue
-                self.get_submodule(target.rsplit(".", 1)[0]).weight_loader(params[target], tensor, shard)
-                loaded.add(f"{target}:{shard}")
-                break
-            else:
-                if name not in params:
-                    continue
-                default_weight_loader(params[name], tensor)
-                if ".experts." in name:  # all experts at once (HF's in-memory 3D layout)
-                    loaded.update(f"{name}:{e}" for e in range(tensor.shape[0]))
-                else:
-                    loaded.add(name)
-        return loaded
+        return load_weights_into(self, weights, self.stacked_params_mapping, canonical=self._canonical,
+                                 special=lambda name, tensor: self._load_experts(params, name, tensor))
 
     def expected_weight_keys(self) -> set:
-        out = set()
+        out = expected_weight_keys(self, skip=lambda name: ".experts." in name)
         for name, p in self.named_parameters():
-            if ".qkv_proj." in name:
-                out.update(f"{name}:{s}" for s in ("q", "k", "v"))
-            elif ".experts." in name:
+            if ".experts." in name:
                 out.update(f"{name}:{e}" for e in range(p.shape[0]))
-            else:
-                out.add(name)
         return out
 
 

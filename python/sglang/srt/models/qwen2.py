@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from sglang.srt.models.decoder import LLAMA_SPEC
 from sglang.srt.models.llama import LlamaForCausalLM, LlamaForSequenceClassification
+
+QWEN2_SPEC = LLAMA_SPEC.replace(qkv_bias=True, o_bias=False)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    attention_kwargs = dict(qkv_bias=True, o_bias=False)
+    spec = QWEN2_SPEC
 
 
 class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
-    attention_kwargs = Qwen2ForCausalLM.attention_kwargs
+    spec = QWEN2_SPEC
 
 
 EntryClass = Qwen2ForCausalLM

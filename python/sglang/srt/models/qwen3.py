@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+from sglang.srt.models.decoder import LLAMA_SPEC
 from sglang.srt.models.llama import LlamaForCausalLM, LlamaForSequenceClassification
+
+QWEN3_SPEC = LLAMA_SPEC.replace(qk_norm="head")
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
-    attention_kwargs = dict(qk_norm=True)
+    spec = QWEN3_SPEC
 
 
 class Qwen3ForSequenceClassification(LlamaForSequenceClassification):
-    attention_kwargs = Qwen3ForCausalLM.attention_kwargs
+    spec = QWEN3_SPEC
 
 
 EntryClass = Qwen3ForCausalLM

@@ -36,6 +36,7 @@ from sglang.srt.layers.moe import EXPERT_WEIGHT, SparseMoeBlock
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope, get_rope_config
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_loader.weight_loading import expected_weight_keys, load_weights_into
 
 
 def _cfg(config: Any, key: str, default=None):
@@ -196,52 +197,30 @@ class Qwen3NextForCausalLM(nn.Module):
             return "model." + name[len("model.language_model."):]
         return name
 
+    def _load_experts(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[List[str]]:
+        """Routed experts: one expert's projection, or HF's in-memory stacked [E, ...] tensors."""
+        expert = EXPERT_WEIGHT.match(name)
+        if expert is not None:
+            module = self.get_submodule(expert.group(1))
+            return [f"{expert.group(1)}:{module.load_expert_weight(int(expert.group(2)), expert.group(3), tensor)}"]
+        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+            default_weight_loader(params[name], tensor)
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            which = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+            return [f"{name.rsplit('.', 1)[0]}:{w}:{e}" for w in which for e in range(module.num_experts)]
+        return None
+
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
         params = dict(self.named_parameters(remove_duplicate=False))
-        loaded = set()
-        for name, tensor in weights:
-            name = self._canonical(name)
-            if name is None or (self.tie_word_embeddings and name == "lm_head.weight"):
-                continue
-            expert = EXPERT_WEIGHT.match(name)
-            if expert is not None:
-                module = self.get_submodule(expert.group(1))
-                key = module.load_expert_weight(int(expert.group(2)), expert.group(3), tensor)
-                loaded.add(f"{expert.group(1)}:{key}")
-                continue
-            if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
-                default_weight_loader(params[name], tensor)  # HF's in-memory stacked layout
-                module = self.get_submodule(name.rsplit(".", 1)[0])
-                which = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
-                loaded.update(f"{name.rsplit('.', 1)[0]}:{w}:{e}" for w in which for e in range(module.num_experts))
-                continue
-            for merged, frag, shard in self.stacked_params_mapping:
-                if frag not in name or ".experts." in name:
-                    continue
-                target = name.replace(frag, merged)
-                if target not in params:
-                    continue
-                self.get_submodule(target.rsplit(".", 1)[0]).weight_loader(params[target], tensor, shard)
-                loaded.add(f"{target}:{shard}")
-                break
-            else:
-                if name in params:
-                    default_weight_loader(params[name], tensor)
-                    loaded.add(name)
-        return loaded
+        return load_weights_into(self, weights, self.stacked_params_mapping, canonical=self._canonical,
+                                 special=lambda name, tensor: self._load_experts(params, name, tensor),
+                                 skip_merged=lambda name: ".experts." in name)
 
     def expected_weight_keys(self) -> set:
-        out = set()
+        out = expected_weight_keys(self, skip=lambda name: ".experts." in name)
         for name, module in self.named_modules():
             if hasattr(module, "expected_keys") and hasattr(module, "load_expert_weight"):
                 out.update(f"{name}:{k}" for k in module.expected_keys())
-        for name, _ in self.named_parameters():
-            if ".experts." in name:
-                continue
-            if ".gate_up_proj." in name:
-                out.update(f"{name}:{s}" for s in (0, 1))
-            else:
-                out.add(name)
         return out
 
 
