@@ -229,7 +229,7 @@ def test_pd_decode_host_pool_retraction(arch):
     reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(prompts)]
     run_to_completion(sched)
     assert sum(r.num_retractions for r in reqs) > 0
-    assert sched.num_recomputed_tokens == 0
+    assert sched.stats.num_recomputed_tokens == 0
     hf = family_hf(arch)
     for r, p in zip(reqs, prompts):
         assert r.output_ids == hf_greedy(hf, p, 40), r.rid
