@@ -5,7 +5,7 @@ retracted back to waiting on memory pressure (a PD decode server keeps its KV in
 resumes it without prefill). Field owners: the scheduler (queues, outputs), and one sub-record
 per other concern: `kv` (`KVState`, the memory manager and radix cache), `logprobs`
 (`LogprobState`, output processing), `pd` (`PDTransfer`, the PD roles), `grammar`
-(`GrammarState`, the grammar manager). `abort(reason)` is the one writer of `to_abort`.
+(`GrammarState`, the grammar manager), `spec` (`SpecState`, speculative decoding). `abort(reason)` is the one writer of `to_abort`.
 """
 
 from __future__ import annotations
@@ -83,6 +83,20 @@ class GrammarState:
     accepted: int = 0
 
 
+@dataclasses.dataclass
+class SpecState:
+    """Speculative decoding; owner: `managers/spec_decode.py` (drafts) and output processing
+    (the counters reported in meta_info as upstream's `spec_verify_ct`, `spec_num_correct_drafts`,
+    `spec_num_proposed_drafts`). `ngram_index` is rebuilt from the tokens when missing.
+    `draft_budget`: how many tokens the next draft may have (adapts to what was accepted)."""
+
+    ngram_index: Optional[Any] = None
+    draft_budget: Optional[int] = None
+    verify_ct: int = 0
+    num_proposed_drafts: int = 0
+    num_correct_drafts: int = 0
+
+
 class Req:
     def __init__(
         self,
@@ -139,6 +153,7 @@ class Req:
 
         self.pd = PDTransfer()
         self.grammar = GrammarState()
+        self.spec = SpecState()
         # Embedding servers (layers/pooler.py): the pooled state over the chunks prefilled so
         # far, the finished vector, and whether pooling needs every prompt token (mean / CLS:
         # then no radix-cache prefix is used).

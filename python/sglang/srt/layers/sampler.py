@@ -135,6 +135,26 @@ def sample_from_logprobs(
     return picked
 
 
+def filtered_probs(logprobs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """[B, V] the distribution `sample_from_logprobs` draws from, dense and normalized: the
+    temperature-scaled probabilities after top-k / top-p / min-p (speculative verification
+    needs the probability of a given token, not only a draw). Greedy rows: one-hot argmax."""
+    probs = logprobs.exp()
+    batch, vocab = probs.shape
+    needs_filter = (info.top_ks < vocab) | (info.top_ps < 1.0) | (info.min_ps > 0)
+    rows = (needs_filter & ~info.greedy_mask).nonzero().view(-1)
+    if rows.numel():
+        sorted_p, ids = top_k_top_p_min_p_filter(probs[rows], info.top_ks[rows], info.top_ps[rows],
+                                                 info.min_ps[rows])
+        probs[rows] = torch.zeros_like(sorted_p).scatter_(1, ids, sorted_p)
+    greedy = info.greedy_mask.nonzero().view(-1)
+    if greedy.numel():
+        top = argmax(logprobs[greedy])
+        probs[greedy] = 0.0
+        probs[greedy, top] = 1.0
+    return probs / probs.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+
+
 def _draw(probs: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
     """Column index drawn from each row of (unnormalized) `probs`; `rows` are batch rows.
 

@@ -76,6 +76,9 @@ class IncrementalDetokenizer:
             output_token_ids_logprobs=out.output_token_ids_logprobs,
             input_token_ids_logprobs=out.input_token_ids_logprobs,
             embeddings=out.embeddings,
+            spec_verify_ct=out.spec_verify_ct,
+            spec_num_proposed_drafts=out.spec_num_proposed_drafts,
+            spec_num_correct_drafts=out.spec_num_correct_drafts,
         )
 
     def _decode_one(self, out: BatchTokenIDOutput, i: int, rid: str) -> str:

@@ -140,6 +140,10 @@ class BatchTokenIDOutput:
     input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
     # Embedding servers: the pooled vector of each finished request (None otherwise).
     embeddings: List[Optional[list]] = field(default_factory=list)
+    # Speculative servers, per request: decode steps, drafted tokens, accepted drafted tokens.
+    spec_verify_ct: List[int] = field(default_factory=list)
+    spec_num_proposed_drafts: List[int] = field(default_factory=list)
+    spec_num_correct_drafts: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -163,6 +167,9 @@ class BatchStrOutput:
     input_token_ids_logprobs: List[Optional[list]] = field(default_factory=list)
     # Embedding servers: the pooled vector of each finished request (None otherwise).
     embeddings: List[Optional[list]] = field(default_factory=list)
+    spec_verify_ct: List[int] = field(default_factory=list)
+    spec_num_proposed_drafts: List[int] = field(default_factory=list)
+    spec_num_correct_drafts: List[int] = field(default_factory=list)
 
 
 @dataclass

@@ -88,6 +88,25 @@ class ScheduleBatch:
             device=self.device,
         ))
 
+    def prepare_for_verify(self, drafts: Sequence[Sequence[int]]):
+        """Speculative verification: KV for each request's last token and its drafted ones
+        (`MemoryManager.verify_fits` was checked), and the EXTEND ForwardBatch that scores every
+        one of those positions (a chain per request: the extend's causal mask is its mask)."""
+        from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+        prefix_lens = [r.kv.kv_len for r in self.reqs]
+        out_cache_loc = self.memory.reserve_verify(self.reqs, [len(d) + 1 for d in drafts])
+        if out_cache_loc is None:
+            return None
+        for req in self.reqs:
+            req.fill_ids = req.all_ids()
+        new_tokens = [[r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1]] + list(d)
+                      for r, d in zip(self.reqs, drafts)]
+        return self._with_mamba(ForwardBatch.for_extend(
+            new_tokens, prefix_lens, [r.kv.req_pool_idx for r in self.reqs], out_cache_loc,
+            device=self.device, return_full_logits=True,
+        ))
+
     # --- retraction -----------------------------------------------------------------------
     def retraction_order(self, policy: str = "length", low_priority_values_first: bool = False) -> List[int]:
         """Indices sorted so that popping from the end yields the next victim (upstream's order)."""

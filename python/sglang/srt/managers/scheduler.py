@@ -42,7 +42,9 @@ from sglang.srt.managers.scheduler_output import OutputProcessor
 from sglang.srt.managers.scheduler_stats import SchedulerStats, embedding_info
 from sglang.srt.managers.role_factory import make_role
 from sglang.srt.managers.server_role import SchedulerFacade
+from sglang.srt.managers.spec_decode import SpecDecodePlanner
 from sglang.srt.managers.tp_worker import TpModelWorker, WorkerBatch
+from sglang.srt.speculative.spec_config import SpecConfig
 from sglang.srt.utils.compute_turns import ComputeTurns
 
 logger = logging.getLogger(__name__)
@@ -56,12 +58,21 @@ class Scheduler:
     def __init__(self, server_args):
         self.server_args = sa = server_args
         set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
+        self.spec_config = SpecConfig.from_server_args(sa)  # --speculative-algorithm, or None
         self.worker = TpModelWorker(sa)  # loads the model
+        if self.spec_config is not None:
+            from sglang.srt.speculative.spec_worker import NgramWorker
+
+            self.worker = NgramWorker(self.worker)  # the target's worker, plus verification
         self.model_config = self.worker.model_config
         self.device = self.worker.device
         self.memory = build_scheduler_memory(sa, self.worker)  # pools, radix tree, retraction store
         self.worker.attach_memory(self.memory)
         self.page_size = self.memory.page_size
+        self.spec = None
+        if self.spec_config is not None:
+            _check_speculative_model(self.model_config, self.memory)
+            self.spec = SpecDecodePlanner(self.spec_config, self.memory)
         self.max_total_num_tokens = self.memory.max_total_num_tokens
         self.max_running_requests = self.memory.max_running_requests
         # Upstream's limits: a sequence never outgrows the context or the whole KV pool.
@@ -99,7 +110,8 @@ class Scheduler:
                                        and self.role.allows_mixed_chunk)
         self.output = OutputProcessor(queues=self.queues, memory=self.memory, role=self.role, stats=self.stats,
                                       stream_interval=sa.stream_interval,
-                                      sliding_window_size=self.model_config.sliding_window_size, pooling=self.pooling)
+                                      sliding_window_size=self.model_config.sliding_window_size, pooling=self.pooling,
+                                      speculative=self.spec is not None)
         self.intake = SchedulerIntake(
             queues=self.queues, memory=self.memory, role=self.role, grammar_manager=self.grammar_manager,
             output=self.output, tokenizer=self.tokenizer,
@@ -317,6 +329,10 @@ class Scheduler:
     def run_decode(self) -> None:
         batch = ScheduleBatch(self.queues.running, self.memory, self.device)
         self.in_flight = list(batch.reqs)
+        if self.spec is not None:
+            drafts = self.spec.drafts_for(batch.reqs)
+            if drafts is not None:
+                return self.run_verify(batch, drafts)
         if not batch.check_decode_mem():
             self.retract(batch)
         else:
@@ -332,6 +348,28 @@ class Scheduler:
                                      and not any(r.return_logprob for r in batch.reqs))
         result = self.worker.forward_batch_generation(self._worker_batch(forward_batch, batch.reqs, info=info))
         self.output.process_decode(batch.reqs, result)
+
+    def run_verify(self, batch: ScheduleBatch, drafts: List[List[int]]) -> None:
+        """A speculative decode step: every running request's last token and its drafts in one
+        forward (`managers/spec_decode.py`); their KV fits (checked with the drafts)."""
+        self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
+        reqs = batch.reqs
+        kv_lens = [r.kv.kv_len for r in reqs]
+        forward_batch = batch.prepare_for_verify(drafts)
+        assert forward_batch is not None, "verify memory was checked"
+        mask = self.grammar_manager.vocab_mask_for(reqs) if self.grammar_manager is not None else None
+        info, owner = self.spec.sampling_info(reqs, drafts, self.model_config.vocab_size, self.device, mask)
+        if mask is not None:
+            info.apply_mask_func = self.grammar_manager.backend.apply_vocab_mask
+        logprob = any(r.return_logprob for r in reqs)
+        worker_batch = WorkerBatch(
+            forward_batch, sampling_info=info, sample_rows=None, return_logprob=logprob,
+            top_logprobs_nums=[reqs[i].top_logprobs_num if reqs[i].return_logprob else 0 for i in owner],
+            token_ids_logprobs=[reqs[i].token_ids_logprob if reqs[i].return_logprob else None for i in owner],
+            drafts=drafts,
+        )
+        result = self.worker.forward_batch_generation(worker_batch)
+        self.output.process_verify(reqs, result, drafts, kv_lens, self.spec.after_verify)
 
     def retract(self, batch: ScheduleBatch) -> None:
         sa = self.server_args
@@ -422,6 +460,18 @@ class Scheduler:
             "num_mixed_batches": st.num_mixed_batches,
             "disaggregation": {"mode": self.role.mode, **self.role.stats()},
         }
+
+
+def _check_speculative_model(model_config, memory) -> None:
+    """Verification writes KV for drafted tokens and gives back the rejected ones' slots: a
+    recurrent state (Mamba) would have advanced over them, and the hybrid sliding-window pool
+    frees its window slots by page; neither can take that back here."""
+    if memory.has_state_slots:
+        raise ValueError(f"Speculative decoding is not supported for {model_config.architecture}: "
+                         "its recurrent (Mamba) state cannot be rolled back over rejected drafts.")
+    if memory.is_hybrid_swa:
+        raise ValueError(f"Speculative decoding is not supported with the hybrid sliding-window KV pool of "
+                         f"{model_config.architecture}; start with --disable-hybrid-swa-memory.")
 
 
 def _build_grammar_manager(server_args, tokenizer, model_config, eos_token_ids):

@@ -49,6 +49,9 @@ def collect_outputs(reqs: List, stream_interval: int = 1) -> BatchTokenIDOutput:
         out.cached_tokens.append(req.cached_tokens)
         out.retraction_counts.append(req.num_retractions)
         out.embeddings.append(req.embedding)
+        out.spec_verify_ct.append(req.spec.verify_ct)
+        out.spec_num_proposed_drafts.append(req.spec.num_proposed_drafts)
+        out.spec_num_correct_drafts.append(req.spec.num_correct_drafts)
         if req.return_logprob:
             out.output_token_logprobs.append(req.logprobs.output_token_logprobs[req.logprobs.sent_len :])
             out.output_top_logprobs.append(req.logprobs.output_top_logprobs[req.logprobs.sent_len :])
@@ -115,7 +118,7 @@ class OutputProcessor:
     """Applies a worker's result to its batch's requests and queues what goes out."""
 
     def __init__(self, *, queues, memory, role, stats, stream_interval: int, sliding_window_size: Optional[int],
-                 pooling=None):
+                 pooling=None, speculative: bool = False):
         self.queues = queues
         self.memory = memory
         self.role = role
@@ -123,6 +126,7 @@ class OutputProcessor:
         self.stream_interval = stream_interval
         self.sliding_window_size = sliding_window_size
         self.pooling = pooling  # embedding servers: how the hidden states are pooled
+        self.speculative = speculative  # every decode step counts as a verify step (spec_verify_ct)
         self.pending: List[BatchTokenIDOutput] = []
 
     # --- the outbox -------------------------------------------------------------------------------
@@ -171,8 +175,44 @@ class OutputProcessor:
 
     def process_decode(self, reqs: List[Req], result) -> None:
         for j, req in enumerate(reqs):
+            req.spec.verify_ct += self.speculative
             self._accept_token(req, result, j)
             req.check_finished()
+            if req.finished():
+                self.memory.release(req, insert=True)
+        self.queues.running = [r for r in reqs if not r.finished()]
+        self._after_decode(reqs)
+        self.emit(reqs)
+
+    def process_verify(self, reqs: List[Req], result, drafts: Sequence[Sequence[int]], kv_lens: Sequence[int],
+                       after_verify=None) -> None:
+        """A speculative verify step ran: each request emitted its accepted drafts and one more
+        token. They are appended one at a time with the plain finish checks, so a stop token or
+        string inside the run ends the request there and what follows is dropped; then the KV
+        of every position not kept (rejected or dropped drafts) goes back (`trim_kv`): a
+        request keeps the KV of its tokens but the last, as after a plain decode step.
+        `kv_lens`: each request's KV length before the step."""
+        row = 0
+        for j, req in enumerate(reqs):
+            tokens = result.spec_tokens[j]
+            kept = 0
+            for t in tokens:
+                req.output_ids.append(int(t))
+                self._attach_logprobs(req, result.logprobs, row + kept)
+                kept += 1
+                req.check_finished()
+                if req.finished():
+                    break
+            row += len(tokens)
+            self.stats.num_generated_tokens += kept
+            accepted = min(result.spec_accepted[j], kept)
+            spec = req.spec
+            spec.verify_ct += 1
+            spec.num_proposed_drafts += len(drafts[j])
+            spec.num_correct_drafts += accepted
+            if after_verify is not None:
+                after_verify(req, len(drafts[j]), result.spec_accepted[j])
+            self.memory.trim_kv(req, kv_lens[j] + kept)
             if req.finished():
                 self.memory.release(req, insert=True)
         self.queues.running = [r for r in reqs if not r.finished()]

@@ -329,6 +329,7 @@ class TokenizerManager:
                 "num_retractions": out.retraction_counts[i],
                 "weight_version": self.server_args.weight_version,
             }
+            _add_spec_metrics(meta, out, i)
             if st.obj.return_logprob:
                 self._add_logprobs(meta, st, out, i)
             item = {"text": out.output_strs[i], "output_ids": list(out.output_ids[i]), "meta_info": meta}
@@ -440,3 +441,21 @@ async def _run_all(coros) -> None:
         for t in tasks:
             if not t.done():
                 t.cancel()
+
+
+def _add_spec_metrics(meta: dict, out, i: int) -> None:
+    """Upstream's speculative meta_info (once the request had a decode step on a speculative
+    server): accept rate = accepted drafted tokens / drafted tokens (this server counts the
+    tokens it actually drafted), accept length = completion tokens / verify steps."""
+    verify_ct = _at(out.spec_verify_ct, i)
+    if not verify_ct:
+        return
+    proposed = out.spec_num_proposed_drafts[i]
+    correct = out.spec_num_correct_drafts[i]
+    meta["spec_verify_ct"] = verify_ct
+    meta["spec_accept_length"] = out.completion_tokens[i] / verify_ct
+    meta["spec_accept_rate"] = correct / proposed if proposed else 0.0
+    meta["spec_num_correct_drafts"] = correct
+    meta["spec_num_proposed_drafts"] = proposed
+    meta["spec_accepted_drafts"] = correct  # upstream's older names, still sent by upstream
+    meta["spec_proposed_drafts"] = proposed

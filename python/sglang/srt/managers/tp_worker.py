@@ -34,6 +34,10 @@ class WorkerBatch:
     return_logprob: bool = False
     top_logprobs_nums: Sequence[int] = ()
     token_ids_logprobs: Optional[Sequence[Optional[List[int]]]] = None
+    # Speculative verification (an EXTEND forward of each request's last token and its drafts):
+    # per request the drafted tokens; `sampling_info` and the logprob asks then have one row
+    # per scored position (k_i + 1 per request). None: a plain batch.
+    drafts: Optional[List[List[int]]] = None
 
 
 @dataclasses.dataclass
@@ -45,6 +49,11 @@ class GenerationBatchResult:
     logits_output: object  # layers/logits_processor.py LogitsProcessorOutput
     next_token_ids: List[int]
     logprobs: object = None  # layers/sampler.py SamplerOutput
+    # Speculative verification: per request the emitted tokens (accepted drafts, then the
+    # target's next one) and how many drafts were accepted; `logprobs` then has one row per
+    # emitted token, in order. None for a plain batch.
+    spec_tokens: Optional[List[List[int]]] = None
+    spec_accepted: Optional[List[int]] = None
 
 
 class ModelWorker(abc.ABC):

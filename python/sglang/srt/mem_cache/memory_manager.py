@@ -16,6 +16,9 @@ operations:
                                         eviction from the tree when short and a full rollback
                                         of what this call took when it still fails
   reserve_decode(reqs)                  one KV slot each for the next token
+  verify_fits / reserve_verify          speculative decoding: KV slots for the next token and
+                                        the drafted ones of each request
+  trim_kv(req, kv_len)                  gives back the slots of rejected drafted tokens
   release(req, insert)                  a request's KV into the radix tree (or back to the pool)
   cache_unfinished(req)                 a running request's prompt KV into the tree (shared)
   backup_for_retraction / restore       a retracted PD decode request's KV (and Mamba state)
@@ -455,6 +458,35 @@ class MemoryManager:
     def reserve_decode(self, reqs: Sequence[Any]) -> Optional[torch.Tensor]:
         """One KV slot per request for its next token (`decode_fits` was checked)."""
         return self.reserve(reqs, [r.kv.kv_len for r in reqs], [r.kv.kv_len + 1 for r in reqs], init_mamba_state=False)
+
+    def verify_fits(self, reqs: Sequence[Any], num_new: Sequence[int]) -> bool:
+        """Whether `num_new[i]` more tokens of every request fit (speculative verification: the
+        next token plus the drafted ones), evicting unlocked tree nodes if needed."""
+        need = sum(self.allocator.pages_needed(r.kv.kv_len, r.kv.kv_len + n) for r, n in zip(reqs, num_new))
+        need *= self.page_size
+        if self.allocator.available_size() >= need:
+            return True
+        if self.tree_cache is not None:
+            self._evict(need)
+        return self.allocator.available_size() >= need
+
+    def reserve_verify(self, reqs: Sequence[Any], num_new: Sequence[int]) -> Optional[torch.Tensor]:
+        """KV slots for `num_new[i]` tokens after each request's KV (`verify_fits` was checked);
+        `trim_kv` gives back those of the drafted tokens the target rejects."""
+        return self.reserve(reqs, [r.kv.kv_len for r in reqs], [r.kv.kv_len + n for r, n in zip(reqs, num_new)],
+                            init_mamba_state=False)
+
+    def trim_kv(self, req, kv_len: int) -> None:
+        """Shrinks a request's KV to its first `kv_len` tokens: the pages past the one holding
+        token kv_len-1 go back to the allocator (that page stays: its free tail is where the
+        next token goes, as after any reservation). Only the request's own tokens are trimmed,
+        never what the radix tree holds."""
+        old = req.kv.kv_len
+        assert req.kv.cache_protected_len <= kv_len <= old, (req.kv.cache_protected_len, kv_len, old)
+        keep = -(-kv_len // self.page_size) * self.page_size  # whole pages still in use
+        if keep < old:
+            self.allocator.free(self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, keep:old].clone())
+        req.kv.kv_len = kv_len
 
     def release(self, req, insert: bool = False) -> None:
         """Gives back a request's memory: its KV into the radix tree (`insert`: finished requests
