@@ -332,6 +332,44 @@ class ParallelFields:
 
 
 @dataclasses.dataclass
+class SpeculativeFields:
+    speculative_algorithm: Optional[str] = arg(
+        None,
+        "Speculative algorithm: NGRAM (drafts from the request's own tokens). Upstream's STANDALONE, EAGLE "
+        "and EAGLE3 (and NEXTN, an alias of EAGLE) are refused at start: this server does not run them yet.",
+    )
+    speculative_draft_model_path: Optional[str] = arg(
+        None, "The path of the draft model weights (STANDALONE/EAGLE; refused here).",
+        aliases=("--speculative-draft-model",),
+    )
+    speculative_num_steps: Optional[int] = arg(
+        None, "The number of steps sampled from draft model in Speculative Decoding. NGRAM: num_draft_tokens // topk.")
+    speculative_eagle_topk: Optional[int] = arg(
+        None, "The number of tokens sampled from the draft model in eagle2 each step. NGRAM sets it to "
+              "--speculative-ngram-max-bfs-breadth, as upstream; this server verifies one chain per request.")
+    speculative_num_draft_tokens: Optional[int] = arg(
+        None, "The number of tokens verified per request and step: the next token plus up to this many minus "
+              "one drafted ones (NGRAM default 12).")
+    speculative_ngram_min_bfs_breadth: int = arg(
+        1, "The minimum breadth for BFS (Breadth-First Search) in ngram speculative decoding (one chain here).")
+    speculative_ngram_max_bfs_breadth: int = arg(
+        10, "The maximum breadth for BFS (Breadth-First Search) in ngram speculative decoding (one chain here).")
+    speculative_ngram_match_type: str = arg(
+        "BFS", "The match type for cache tree (one chain from the latest match here, whichever is chosen).",
+        choices=["BFS", "PROB"])
+    speculative_ngram_max_trie_depth: int = arg(
+        18, "The max trie depth for ngram speculative decoding: the longest match plus draft considered.")
+    speculative_ngram_capacity: int = arg(
+        10 * 1000 * 1000, "The cache capacity for ngram speculative decoding (per-request indexes here: unused).")
+    speculative_ngram_external_corpus_path: Optional[str] = arg(
+        None, "Path to an external corpus for ngram speculative decoding (refused here).")
+    speculative_ngram_external_sam_budget: int = arg(
+        0, "Draft tokens reserved for the external corpus suffix automaton (with --speculative-ngram-external-corpus-path).")
+    speculative_ngram_external_corpus_max_tokens: int = arg(
+        10000000, "Maximum tokens loaded from the external ngram corpus.")
+
+
+@dataclasses.dataclass
 class DeviceFields:
     device: Optional[str] = arg(None, "The device to use ('cuda', 'cpu', ...). Defaults to cuda if available, else cpu.")
     random_seed: Optional[int] = arg(None, "The random seed. Defaults to a random value.")

@@ -29,6 +29,7 @@ from sglang.srt.server_args.cli import add_cli_args_from_fields, namespace_to_kw
 from sglang.srt.server_args.compat.no_effect_fields import NoEffectFields
 from sglang.srt.server_args.fields import (
     DeviceFields,
+    SpeculativeFields,
     DisaggFields,
     ExecFields,
     MemoryFields,
@@ -82,6 +83,7 @@ class ServerArgs(
     NoEffectFields,
     ExecFields,
     DeviceFields,
+    SpeculativeFields,
     ParallelFields,
     DisaggFields,
     MemoryFields,

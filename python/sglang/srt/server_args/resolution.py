@@ -11,7 +11,7 @@ deploy scripts and tests match on them.
 
 Only the rules for options this fork accepts are present. Not ported: upstream's early return for
 `--model-path dummy|none` (all our rules are model-independent, so they always run), model
-overrides, speculative decoding, DP-attention, CUDA-graph, MoE and multimodal rules.
+overrides, speculative decoding other than NGRAM, DP-attention, CUDA-graph, MoE and multimodal rules.
 """
 
 from __future__ import annotations
@@ -430,7 +430,8 @@ def _check_lmcache(cfg) -> None:
         raise ValueError("--enable-lmcache and --enable-unified-cache-external-linker are mutually exclusive")
     if cfg.disable_radix_cache:
         raise ValueError("--enable-lmcache requires radix cache to be enabled")
-    # (upstream: speculative decoding is refused here; this fork has no speculative flags)
+    if cfg.speculative_algorithm is not None:
+        raise NotImplementedError("LMCacheUnifiedRadixCache does not yet support speculative decoding")
     if cfg.attn_dp_size > 1:
         raise NotImplementedError("LMCacheUnifiedRadixCache does not yet support DP attention")
     if cfg.dcp_size > 1:
@@ -443,6 +444,78 @@ def _check_lmcache(cfg) -> None:
         raise ValueError("--hicache-host-memory-mode=buffer_only is a HiCache-only mode")
     if cfg.disaggregation_mode != "null":
         raise NotImplementedError("LMCacheUnifiedRadixCache currently supports colocated prefill/decode scheduling only")
+
+
+_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+_SPEC_RUNS_HERE = ("NGRAM",)
+
+
+def handle_speculative_decoding(sa) -> None:
+    """Upstream's `_handle_speculative_decoding` for NGRAM (its defaults, warnings and messages);
+    the algorithms this server does not run are refused here, before anything loads."""
+    src = "_handle_speculative_decoding"
+    cfg = sa._view()
+    algo = cfg.speculative_algorithm
+    if algo is None:
+        return
+    algo = str(algo).upper()
+    if algo not in _SPEC_ALGORITHMS:
+        raise ValueError(f"Unknown --speculative-algorithm {cfg.speculative_algorithm!r}: "
+                         f"choose one of {', '.join(_SPEC_ALGORITHMS)}.")
+    if algo == "NEXTN":  # upstream's alias
+        algo = "EAGLE"
+    if algo not in _SPEC_RUNS_HERE:
+        raise ValueError(f"--speculative-algorithm {algo} is not supported by this server yet; "
+                         f"it runs {', '.join(_SPEC_RUNS_HERE)} speculative decoding.")
+    sa._declare(src, speculative_algorithm=algo)
+    _handle_ngram(sa, src)
+
+
+def _handle_ngram(sa, src: str) -> None:
+    cfg = sa._view()
+    if cfg.device not in ("cuda", "cpu"):
+        raise ValueError("Ngram speculative decoding only supports CUDA or CPU devices.")
+    if cfg.max_running_requests is None:
+        sa._declare(src, max_running_requests=48)
+        logger.warning("Max running requests is reset to 48 for speculative decoding. You can override this by "
+                       "explicitly setting --max-running-requests.")
+    sa._declare(src, enable_mixed_chunk=False, speculative_eagle_topk=cfg.speculative_ngram_max_bfs_breadth)
+    num_draft_tokens = cfg.speculative_num_draft_tokens
+    if num_draft_tokens is None:
+        num_draft_tokens = 12
+        sa._declare(src, speculative_num_draft_tokens=num_draft_tokens)
+        logger.warning("speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
+                       "You can override this by explicitly setting --speculative-num-draft-tokens.")
+    if num_draft_tokens < 1:
+        raise ValueError(f"--speculative-num-draft-tokens must be at least 1, got {num_draft_tokens}.")
+    topk = cfg.speculative_ngram_max_bfs_breadth
+    if cfg.speculative_num_steps is None:
+        sa._declare(src, speculative_num_steps=num_draft_tokens // max(topk, 1))
+    if cfg.speculative_ngram_external_corpus_path is not None:
+        if cfg.speculative_ngram_external_sam_budget <= 0:
+            raise ValueError("--speculative-ngram-external-sam-budget must be positive when "
+                             "--speculative-ngram-external-corpus-path is set.")
+        if cfg.speculative_ngram_external_corpus_max_tokens <= 0:
+            raise ValueError("--speculative-ngram-external-corpus-max-tokens must be positive when "
+                             "--speculative-ngram-external-corpus-path is set.")
+        if cfg.speculative_ngram_external_sam_budget > num_draft_tokens - 1:
+            raise ValueError("speculative_ngram_external_sam_budget must be less than or equal to "
+                             f"speculative_num_draft_tokens - 1 ({num_draft_tokens - 1}).")
+        raise ValueError("--speculative-ngram-external-corpus-path is not supported by this server: its NGRAM "
+                         "drafts come from each request's own tokens.")
+    logger.warning("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
+    page_size = cfg.page_size
+    if topk > 1 and page_size is not None and page_size > 1 and cfg.attention_backend != "flashinfer":
+        raise ValueError(
+            f"speculative_eagle_topk({topk}) > 1 with page_size({page_size}) > 1 is unstable and produces incorrect "
+            "results for paged attention backends. This combination is only supported for the 'flashinfer' backend."
+        )
+    # What upstream's shared token trie does that one chain per request does not: said when set.
+    if (topk != 10 or cfg.speculative_ngram_min_bfs_breadth != 1 or cfg.speculative_ngram_match_type != "BFS"
+            or cfg.speculative_ngram_capacity != 10 * 1000 * 1000):
+        logger.warning("NGRAM here verifies one chain per request, drafted from that request's own tokens: "
+                       "--speculative-ngram-min/max-bfs-breadth, --speculative-ngram-match-type and "
+                       "--speculative-ngram-capacity (upstream's shared token trie) have no effect.")
 
 
 # Upstream's pipeline order (reference 1.2), restricted to the rules above.
@@ -459,6 +532,7 @@ RESOLUTION_PIPELINE = (
     grammar_backend_default,
     handle_hicache,
     handle_load_balance_method,
+    handle_speculative_decoding,
     handle_cache_compatibility,
 )
 
