@@ -58,7 +58,15 @@ class NgramDrafter:
             end = index.maps[w].get(tuple(tokens[n - w:]))
             if end is None:
                 continue
-            k = min(max_drafts, self.max_trie_depth - w, n - end)
-            if k > 0:
-                return list(tokens[end:end + k])
+            k = min(max_drafts, self.max_trie_depth - w)
+            if k <= 0:
+                continue
+            # Copy what followed the match; a copy that reaches the end of the tokens goes on
+            # over what it drafted (an overlapping copy: a text cycling with period p drafts
+            # the full k tokens, not p).
+            draft: List[int] = []
+            for i in range(k):
+                j = end + i
+                draft.append(tokens[j] if j < n else draft[j - n])
+            return draft
         return []
