@@ -33,7 +33,7 @@ def _prompts(lengths, seed):
 
 def _submit(sched, rid, ids, max_new_tokens, **sampling):
     params = SamplingParams(max_new_tokens=max_new_tokens, **{"temperature": 0.0, "ignore_eos": True, **sampling})
-    params.normalize(None)
+    params.normalize(sched.tokenizer)
     return sched.add_request(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=params,
                                                        return_logprob=sampling.pop("return_logprob", False)))
 
@@ -65,24 +65,37 @@ def test_max_new_tokens_is_exact(model_dir, hf_model, max_new_tokens):
     assert_no_leak(sched)
 
 
-def test_stop_token_inside_an_accepted_run(model_dir, hf_model):
-    """The greedy text cycles, so drafted runs cover the stop token; min_new_tokens keeps it
-    from ending before the drafts are long: the request must end where the plain decoder ends
-    (the first stop token after min_new_tokens) and drop the rest of the accepted run."""
-    prompt = _prompts([9], seed=6)[0]
+def test_stop_string_inside_an_accepted_run(model_dir, hf_model):
+    """The greedy text repeats one token for a while, so one verify step accepts a long drafted
+    run of it; a stop string of six of them matches in the middle of that run. The request must
+    end exactly where the plain decoder ends and drop the rest of the run (whose KV goes back)."""
+    from transformers import AutoTokenizer
+
+    prompt = _prompts([7], seed=1)[0]
     full = hf_greedy(hf_model, prompt, 40)
-    sampling = dict(stop_token_ids=[full[12]], min_new_tokens=12)
-    outs = {}
+    token = max(set(full), key=full.count)
+    assert full.count(token) >= 8, full
+    stop = AutoTokenizer.from_pretrained(model_dir).decode([token] * 6)
+    outs, runs = {}, []
     for name, extra in (("plain", {}), ("spec", SPEC)):
         sched = make_scheduler(model_dir, **extra)
-        outs[name] = _submit(sched, "s", prompt, 40, **sampling)
+        if extra:
+            verify = sched.output.process_verify
+
+            def record(reqs, result, *args, verify=verify):
+                runs.extend((len(r.output_ids), list(t)) for r, t in zip(reqs, result.spec_tokens))
+                return verify(reqs, result, *args)
+
+            sched.output.process_verify = record
+        outs[name] = _submit(sched, "s", prompt, 40, stop=[stop])
         run_to_completion(sched)
         assert_no_leak(sched)
     plain, spec = outs["plain"], outs["spec"]
-    assert plain.finished_reason.to_json()["type"] == "stop" and len(plain.output_ids) < 40
-    assert spec.output_ids == plain.output_ids
+    assert plain.finished_reason.to_json() == {"type": "stop", "matched": stop}
+    assert spec.output_ids == plain.output_ids and len(plain.output_ids) < 40
     assert spec.finished_reason.to_json() == plain.finished_reason.to_json()
-    assert spec.spec.num_correct_drafts > 0
+    last_start, last_run = runs[-1]
+    assert len(spec.output_ids) - last_start < len(last_run), "the stop string did not land inside a run"
 
 
 def test_logprobs_are_the_targets(model_dir):
