@@ -488,7 +488,7 @@ def _handle_ngram(sa, src: str) -> None:
                        "You can override this by explicitly setting --speculative-num-draft-tokens.")
     if num_draft_tokens < 1:
         raise ValueError(f"--speculative-num-draft-tokens must be at least 1, got {num_draft_tokens}.")
-    topk = cfg.speculative_ngram_max_bfs_breadth
+    topk = sa._view().speculative_eagle_topk  # the BFS breadth, declared above (upstream's tree width)
     if cfg.speculative_num_steps is None:
         sa._declare(src, speculative_num_steps=num_draft_tokens // max(topk, 1))
     if cfg.speculative_ngram_external_corpus_path is not None:
