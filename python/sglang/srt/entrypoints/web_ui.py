@@ -73,6 +73,9 @@ def dashboard_state(internal: Dict[str, Any], totals: Dict[str, int], server_arg
         "num_retractions": st.get("num_retracted_reqs_total", 0),
         "num_recomputed_tokens": st.get("num_recomputed_tokens", 0),
         "retraction_backup": backup.get("backend"),
+        "spec_accept_length": st.get("avg_spec_accept_length"),  # None on a plain server
+        "spec_accept_rate": (st["spec_num_correct_drafts_total"] / st["spec_num_proposed_drafts_total"]
+                             if st.get("spec_num_proposed_drafts_total") else None),
         "pd_queues": {k: v for k, v in pd.items() if k.endswith("_queue_reqs")},
     }
 

@@ -98,6 +98,7 @@ class Scheduler:
         # SGLANG_CPU_TURNS_FILE: CPU cores shared with another scheduler, one batch at a time
         self.turns = ComputeTurns.from_env() if sa.device == "cpu" else ComputeTurns(None)
         self.stats = SchedulerStats(self.device, sa.decode_log_interval)
+        self.stats.speculative = self.spec is not None
         # Set by the process loop: sends outputs queued before a step's forward (e.g. the first
         # token of a PD request whose KV just arrived) without waiting for that forward.
         self.send_outputs: Optional[Callable[[List[BatchTokenIDOutput]], None]] = None
@@ -458,6 +459,7 @@ class Scheduler:
             "new_token_ratio": self.new_token_ratio,
             "forward_ct": self.worker.forward_ct,
             "num_mixed_batches": st.num_mixed_batches,
+            **st.spec_info(),
             "disaggregation": {"mode": self.role.mode, **self.role.stats()},
         }
 

@@ -175,7 +175,9 @@ class OutputProcessor:
 
     def process_decode(self, reqs: List[Req], result) -> None:
         for j, req in enumerate(reqs):
-            req.spec.verify_ct += self.speculative
+            if self.speculative:  # a decode step where nothing was drafted: one token per request
+                req.spec.verify_ct += 1
+                self.stats.record_verify(1, 0, 0)
             self._accept_token(req, result, j)
             req.check_finished()
             if req.finished():
@@ -210,6 +212,7 @@ class OutputProcessor:
             spec.verify_ct += 1
             spec.num_proposed_drafts += len(drafts[j])
             spec.num_correct_drafts += accepted
+            self.stats.record_verify(kept, len(drafts[j]), accepted)
             if after_verify is not None:
                 after_verify(req, len(drafts[j]), result.spec_accepted[j])
             self.memory.trim_kv(req, kv_lens[j] + kept)

@@ -25,6 +25,36 @@ class SchedulerStats:
         self.num_retracted_total = 0
         self.num_recomputed_tokens = 0  # prompt tokens prefilled again after a retraction
         self.num_mixed_batches = 0  # prefill batches that carried decode tokens (--enable-mixed-chunk)
+        # Speculative decoding (upstream's accept length / rate): request-steps, tokens they
+        # emitted, drafted tokens and accepted ones; totals and since the last decode log line.
+        self.speculative = False
+        self.spec_totals = [0, 0, 0, 0]
+        self.spec_window = [0, 0, 0, 0]
+        self.last_spec_accept_length = 0.0
+        self.last_spec_accept_rate = 0.0
+
+    def record_verify(self, emitted: int, proposed: int, accepted: int) -> None:
+        """One request's speculative decode step: tokens it emitted, drafted, accepted."""
+        for acc in (self.spec_totals, self.spec_window):
+            acc[0] += 1
+            acc[1] += emitted
+            acc[2] += proposed
+            acc[3] += accepted
+
+    def spec_info(self) -> dict:
+        """/server_info and /metrics: the last log interval's accept length (tokens a request
+        emits per verify step, bonus included) and rate (accepted / drafted), and the totals."""
+        if not self.speculative:
+            return {}
+        steps, emitted, proposed, accepted = self.spec_totals
+        return {
+            "spec_accept_length": self.last_spec_accept_length,
+            "spec_accept_rate": self.last_spec_accept_rate,
+            "spec_verify_ct_total": steps,
+            "spec_num_proposed_drafts_total": proposed,
+            "spec_num_correct_drafts_total": accepted,
+            "avg_spec_accept_length": emitted / steps if steps else 0.0,
+        }
 
     def log_prefill(self, reqs, queues, memory, role) -> None:
         new_tokens = sum(r.extend_input_len for r in reqs)
@@ -47,6 +77,13 @@ class SchedulerStats:
         used, usage = memory.token_usage()
         msg = (f"Decode batch. #running-req: {len(queues.running)}, #token: {used}, token usage: {usage:.2f}, "
                f"{role.log_fields(decode=True)}")
+        if self.speculative:
+            steps, emitted, proposed, accepted = self.spec_window
+            if steps:
+                self.last_spec_accept_length = emitted / steps
+                self.last_spec_accept_rate = accepted / proposed if proposed else 0.0
+            self.spec_window = [0, 0, 0, 0]
+            msg += f"accept len: {self.last_spec_accept_length:.2f}, accept rate: {self.last_spec_accept_rate:.2f}, "
         logger.info(msg + f"{self.graph}: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
                     f"#queue-req: {len(queues.waiting)}")
 

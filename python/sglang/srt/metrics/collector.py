@@ -165,6 +165,12 @@ class _SchedulerStateCollector:
         yield gauge("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.",
                     st.get("num_grammar_queue_reqs", 0))
 
+        if "spec_accept_length" in st:  # a speculative server (upstream's gauges)
+            yield gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
+                        st["spec_accept_length"])
+            yield gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.",
+                        st["spec_accept_rate"])
+
         def counter(name, doc, value, extra=None):
             c = CounterMetricFamily(name, doc, labels=names + list(extra or {}))
             c.add_metric(values + list((extra or {}).values()), float(value or 0))

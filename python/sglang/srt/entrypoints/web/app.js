@@ -158,6 +158,10 @@ function renderStats(s) {
     ["retractions", s.num_retractions + (s.retraction_backup ? " (" + s.retraction_backup + ")" : "")],
     ["recomputed tokens", s.num_recomputed_tokens],
   ];
+  if (s.spec_accept_length != null) {  // a speculative server: tokens per verify step, drafts accepted
+    rows.push(["spec accept length", s.spec_accept_length.toFixed(2)]);
+    rows.push(["spec accept rate", s.spec_accept_rate == null ? "–" : (100 * s.spec_accept_rate).toFixed(1) + "%"]);
+  }
   for (const [k, v] of Object.entries(s.pd_queues || {})) rows.push([k.replace(/^num_|_reqs$/g, "").replace(/_/g, " "), v]);
   const box = $("stats");
   for (const [k, v] of rows) {  // update in place: rows keep their elements between refreshes
