@@ -157,3 +157,22 @@ def test_penalties_and_min_tokens_keep_plain_output(model_dir):
         assert_no_leak(sched)
     assert [r.output_ids for r in outs["plain"]] == [r.output_ids for r in outs["spec"]]
     assert sum(r.spec.verify_ct for r in outs["spec"]) > 0
+
+
+@pytest.mark.parametrize("backup", ["host_pool", "cpu_tensor"])
+def test_pd_decode_server_retracts_and_resumes_from_backup(model_dir, hf_model, backup):
+    """A PD decode server (the `fake` transfer backend computes the prompt's KV locally): NGRAM
+    needs nothing from the prefill side; under memory pressure requests are retracted with their
+    KV backed up and resumed without recomputation; HF's greedy tokens, pools and backups whole."""
+    prompts = _prompts([13] * 8, seed=8)
+    sched = make_scheduler(model_dir, **SPEC, max_total_tokens=320, chunked_prefill_size=64, max_running_requests=16,
+                           disaggregation_mode="decode", disaggregation_transfer_backend="fake",
+                           num_reserved_decode_tokens=8, disaggregation_decode_retraction_backup=backup)
+    reqs = [submit(sched, f"d{i}", p, 40) for i, p in enumerate(prompts)]
+    run_to_completion(sched)
+    assert sum(r.num_retractions for r in reqs) > 0
+    assert sched.stats.num_recomputed_tokens == 0
+    assert sum(r.spec.num_correct_drafts for r in reqs) > 0
+    for req, p in zip(reqs, prompts):
+        assert req.output_ids == hf_greedy(hf_model, p, 40), req.rid
+    assert_no_leak(sched)
