@@ -88,10 +88,14 @@ class SpecState:
     """Speculative decoding; owner: `managers/spec_decode.py` (drafts) and output processing
     (the counters reported in meta_info as upstream's `spec_verify_ct`, `spec_num_correct_drafts`,
     `spec_num_proposed_drafts`). `ngram_index` is rebuilt from the tokens when missing.
-    `draft_budget`: how many tokens the next draft may have (adapts to what was accepted)."""
+    `draft_budget`: how many tokens the next draft may have (adapts to what was accepted);
+    `pause_steps` / `misses`: decode steps left without drafting after drafts that were rejected
+    outright, and how many such drafts came in a row (the pause doubles with each)."""
 
     ngram_index: Optional[Any] = None
     draft_budget: Optional[int] = None
+    pause_steps: int = 0
+    misses: int = 0
     verify_ct: int = 0
     num_proposed_drafts: int = 0
     num_correct_drafts: int = 0

@@ -28,6 +28,9 @@ from sglang.srt.speculative.ngram_drafter import NgramDrafter, NgramIndex
 from sglang.srt.speculative.spec_config import SpecConfig
 
 
+MAX_PAUSE = 32  # decode steps a request waits at most before drafting again after misses
+
+
 class _RowView:
     """A request as seen by one verify row: its history extended by the drafts before that row
     (`SamplingBatchInfo.from_reqs` then gives the row its own position, penalties and
@@ -64,6 +67,9 @@ class SpecDecodePlanner:
         if req.grammar.matcher is not None:
             return []
         spec = req.spec
+        if spec.pause_steps > 0:
+            spec.pause_steps -= 1
+            return []
         budget = self.config.max_drafts if spec.draft_budget is None else spec.draft_budget
         k = min(budget, req.sampling_params.max_new_tokens - len(req.output_ids) - 1)
         if k <= 0:
@@ -73,9 +79,11 @@ class SpecDecodePlanner:
         return self.drafter.propose(req.origin_input_ids + req.output_ids, spec.ngram_index, k)
 
     def after_verify(self, req, drafted: int, accepted: int) -> None:
-        """Adapts the request's next draft length: a fully accepted draft doubles it (up to the
-        verify width), a rejected one shrinks it to what was accepted plus one, so that text
-        with nothing to copy costs few wasted positions."""
+        """Adapts the request's drafting to what the target accepts, so that text with nothing to
+        copy costs little: a fully accepted draft doubles the next one's length (up to the verify
+        width), a partly accepted one shrinks it to what was accepted plus one, and a draft
+        rejected outright pauses drafting for 1, 2, 4, ... up to MAX_PAUSE decode steps (plain
+        steps when nobody else drafts)."""
         spec = req.spec
         if drafted == 0:
             return
@@ -83,6 +91,11 @@ class SpecDecodePlanner:
             spec.draft_budget = min(self.config.max_drafts, max(drafted, 1) * 2)
         else:
             spec.draft_budget = max(accepted + 1, 1)
+        if accepted == 0:
+            spec.pause_steps = min(1 << spec.misses, MAX_PAUSE)
+            spec.misses += 1
+        else:
+            spec.misses = 0
 
     @staticmethod
     def sampling_info(reqs: Sequence, drafts: Sequence[Sequence[int]], vocab_size: int, device,
