@@ -38,19 +38,21 @@ def isa(request):
 
 def loop_reference(x, w13, w2, weights, ids, w13_scale=None, w2_scale=None):
     """Token by token, choice by choice: each expert's math in x's dtype (each product rounded as
-    a linear layer rounds it), the weighted sum over the choices in fp32, rounded once."""
+    a linear layer rounds it), the weighted results added in increasing expert order in x's dtype
+    (as HF's expert loop adds them)."""
     dtype = x.dtype
     w13 = w13.float() if w13_scale is None else w13.float() * w13_scale.float()[:, :, None]
     w2 = w2.float() if w2_scale is None else w2.float() * w2_scale.float()[:, :, None]
     inter = w2.shape[-1]
-    out = torch.zeros(x.shape, dtype=torch.float32)
+    out = torch.zeros(x.shape, dtype=dtype)
     for t in range(ids.shape[0]):
-        for c in range(ids.shape[1]):
+        for c in sorted(range(ids.shape[1]), key=lambda c: int(ids[t, c])):
             e = int(ids[t, c])
             gate_up = F.linear(x[t:t + 1].float(), w13[e]).to(dtype).float()
             h = (F.silu(gate_up[:, :inter]).to(dtype).float() * gate_up[:, inter:]).to(dtype)
-            out[t] += float(weights[t, c]) * F.linear(h.float(), w2[e]).to(dtype).float()[0]
-    return out.to(dtype)
+            y = F.linear(h.float(), w2[e]).to(dtype).float()[0]
+            out[t] += (float(weights[t, c]) * y).to(dtype)
+    return out
 
 
 # (tokens, top-k, expert ids by rule): uneven counts and idle experts

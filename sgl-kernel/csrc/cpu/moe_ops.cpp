@@ -8,8 +8,8 @@
 // x gathered in that order, and each phase (gate_up + SiLU-and-mul, then down) runs as one
 // parallel loop over (expert, block of outputs) work items, so a decode step with a few rows per
 // expert still spreads every expert's weights over all threads. Each expert's products are
-// rounded to x's dtype as the linear op rounds them (HF's per-expert F.linear); the weighted sum
-// over a token's k choices is taken in fp32 and rounded once.
+// rounded to x's dtype as the linear op rounds them (HF's per-expert F.linear), and a token's k
+// weighted products are added in increasing expert order, each rounded to x's dtype, as HF adds them.
 //
 // Weights, either form for each of w13 and w2:
 //   - stacked panels: [E, N / 32, ...], each expert as pack_linear_weight packs a linear weight
@@ -79,6 +79,22 @@ Rows rows_for(const Kernels& kt, WType wt, const void* x, DType xt, int64_t M, i
     });
     return {dst, nullptr};
 }
+
+float widen_bf16(uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+
+uint16_t bf16_bits(float v) {  // round to nearest even, as torch's bf16 cast (NaN stays NaN)
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float round_bf16(float v) { return widen_bf16(bf16_bits(v)); }
 
 struct Item {
     int64_t expert, begin, end;  // outputs [begin, end): panels, or feature rows on plain weights
@@ -195,13 +211,18 @@ at::Tensor fused_experts(const at::Tensor& x, const at::Tensor& w13, const at::T
         const Rows in = rows_for(kt, down.experts[0].wtype, h.data_ptr(), xt, S, I, keep);
         run_experts(down, in, I, offsets, ys.data_ptr(), H, xt, false);
     }
-    // y[t] = sum_c w[t, c] * ys[pos[t * k + c]] in fp32, rounded once
+    // y[t] = sum_c w[t, c] * ys[pos[t * k + c]], as HF's expert loop adds it: in increasing expert
+    // order, each weighted product and each partial sum rounded to x's dtype (a bf16 model's
+    // next router sees the same bits, so a near-tie between two experts is broken as in HF)
     const float* w = wts.data_ptr<float>();
     at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {
         std::vector<float> acc(H);
+        std::vector<int64_t> order(Kc);
         for (int64_t t = t0; t < t1; ++t) {
+            for (int64_t c = 0; c < Kc; ++c) order[c] = c;
+            std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return id[t * Kc + a] < id[t * Kc + b]; });
             std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t c = 0; c < Kc; ++c) {
+            for (int64_t c : order) {
                 const float wc = w[t * Kc + c];
                 const int64_t r = pos[t * Kc + c];
                 if (xt == DType::F32) {
@@ -209,24 +230,14 @@ at::Tensor fused_experts(const at::Tensor& x, const at::Tensor& w13, const at::T
                     for (int64_t j = 0; j < H; ++j) acc[j] += wc * src[j];
                 } else {
                     const uint16_t* src = reinterpret_cast<const uint16_t*>(ys.data_ptr()) + r * H;
-                    for (int64_t j = 0; j < H; ++j) {
-                        const uint32_t u = static_cast<uint32_t>(src[j]) << 16;
-                        float v;
-                        std::memcpy(&v, &u, 4);
-                        acc[j] += wc * v;
-                    }
+                    for (int64_t j = 0; j < H; ++j) acc[j] = round_bf16(acc[j] + round_bf16(wc * widen_bf16(src[j])));
                 }
             }
             if (xt == DType::F32) {
                 std::memcpy(out.data_ptr<float>() + t * H, acc.data(), H * 4);
             } else {
                 uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr()) + t * H;
-                for (int64_t j = 0; j < H; ++j) {  // round to nearest even, as torch's bf16 cast
-                    uint32_t u;
-                    std::memcpy(&u, &acc[j], 4);
-                    dst[j] = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40)
-                                                            : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-                }
+                for (int64_t j = 0; j < H; ++j) dst[j] = bf16_bits(acc[j]);
             }
         }
     });
