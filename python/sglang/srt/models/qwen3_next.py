@@ -6,7 +6,7 @@ where the mixer is, per `layer_types`, a gated DeltaNet ("linear_attention", sta
 pool: `layers/gdn/`) or gated full attention ("full_attention": q_proj yields q and an output
 gate, q/k per-head zero-centred RMSNorm, partial rotary embedding over the first
 `partial_rotary_factor` of each head, o_proj(attn * sigmoid(gate))). The MLP is a sparse MoE with
-a shared expert (`layers/moe.py`) or a dense gated MLP:
+a shared expert (`layers/moe/`) or a dense gated MLP:
 
 * Qwen3-Next: MoE where `num_experts > 0`, `(i + 1) % decoder_sparse_step == 0` and i not in
   `mlp_only_layers`; DeltaNet projections `in_proj_qkvz` / `in_proj_ba` (grouped per key head).
