@@ -171,3 +171,33 @@ def _torch_loop_in_dtype(x, w13, w2, weights, ids):
         y = F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[e])
         out.index_add_(0, tok, (y * weights[tok, pos, None]).to(x.dtype))
     return out
+
+
+def test_layer_int8_experts_take_decode_rows(monkeypatch):
+    """--quantization w8a16_int8: the stacks get int8 copies (per-row scales) that decode-sized
+    batches read, as the int8 linear layers; larger batches keep the float weights."""
+    from sglang.srt.layers.moe import StackedExperts
+    from sglang.srt.layers.quantization import quantize_linear_weights_int8
+
+    monkeypatch.setenv("SGLANG_CPU_SMALL_M_LINEAR", "4")  # int8 up to 4 rows, whatever was measured
+    E, H, I, K = 8, 64, 64, 2
+    experts = StackedExperts(E, H, I)
+    x, w13, w2, weights, ids = _case(torch.bfloat16, 4, K, E, H, I, "random")
+    experts.gate_up_proj.data, experts.down_proj.data = w13, w2
+    float_out = experts(x, weights, ids)
+    assert quantize_linear_weights_int8(experts) == 1
+    q13, s13, q2, s2 = experts.int8_experts
+    assert q13.dtype == torch.int8 and s13.shape == (E, 2 * I) and s2.shape == (E, H)
+    int8_out = experts(x, weights, ids)
+    _check(int8_out, loop_reference(x, q13, q2, weights, ids, s13, s2), torch.bfloat16)
+    assert not torch.equal(int8_out, float_out)
+    big = _case(torch.bfloat16, 5, K, E, H, I, "random")
+    assert torch.equal(experts(big[0], big[3], big[4]), _float_forward(experts, big))
+
+
+def _float_forward(experts, case):
+    saved, experts.int8_experts = experts.int8_experts, None
+    try:
+        return experts(case[0], case[3], case[4])
+    finally:
+        experts.int8_experts = saved

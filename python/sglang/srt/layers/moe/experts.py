@@ -13,13 +13,15 @@ e = ids[t, k]:
   gate_up + SiLU-and-mul + down in one call, over the weights `pack_expert_weights` put in the
   panel layout of the dense layers (`sgl_kernel.pack_linear_weight` per expert), or over the
   plain stacked weights where the kernel set has no panels for their dtype. The weighted sum is
-  taken in fp32 (the torch loop adds in the activations' dtype, as HF does).
+  added as HF's loop adds them (expert order, in the activations' dtype). With
+  `--quantization w8a16_int8` the stacks also get int8 copies with per-row scales, which the op
+  reads for decode-sized batches (as the int8 linear layers).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,9 +68,15 @@ def kernel_takes(x: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                   packed_gate_up: Optional[torch.Tensor] = None,
-                  packed_down: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, k]; x [T, H]."""
+                  packed_down: Optional[torch.Tensor] = None,
+                  int8_experts: Optional[Tuple[torch.Tensor, ...]] = None) -> torch.Tensor:
+    """sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, k]; x [T, H].
+    `int8_experts` (q13, scale13, q2, scale2; --quantization w8a16_int8) take batches of up to
+    `cpu_ops.linear_max_rows(torch.int8)` rows, as the int8 linear layers do (decode)."""
     if kernel_takes(x, gate_up_proj):
+        if int8_experts is not None and x.shape[0] <= cpu_ops.linear_max_rows(torch.int8):
+            q13, s13, q2, s2 = int8_experts
+            return torch.ops.sgl_kernel.fused_experts(x.contiguous(), q13, q2, topk_weights.float(), topk_ids, s13, s2)
         w13 = packed_gate_up if packed_gate_up is not None and packed_gate_up.dtype == x.dtype else gate_up_proj
         w2 = packed_down if packed_down is not None and packed_down.dtype == x.dtype else down_proj
         return torch.ops.sgl_kernel.fused_experts(x.contiguous(), w13, w2, topk_weights.float(), topk_ids,
@@ -87,10 +95,12 @@ class StackedExperts(nn.Module):
         # sgl-kernel panel copies, one stacked tensor each (pack_expert_weights; CPU)
         self.packed_gate_up: Optional[torch.Tensor] = None
         self.packed_down: Optional[torch.Tensor] = None
+        # (q13, scale13, q2, scale2) with --quantization w8a16_int8 (layers/quantization.py)
+        self.int8_experts: Optional[Tuple[torch.Tensor, ...]] = None
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return fused_experts(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
-                             self.packed_gate_up, self.packed_down)
+                             self.packed_gate_up, self.packed_down, self.int8_experts)
 
     def load_expert_weight(self, expert: int, which: str, tensor: torch.Tensor) -> str:
         """One expert's gate_proj / up_proj / down_proj weight; returns the key it fills."""
