@@ -1,8 +1,8 @@
 """(Scheduler process.) The memory of one scheduler, owned in one place: the one door to it.
 
 `build_memory(spec, memory_config, cache_config, retraction)` makes all of it in one call, from
-typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, or the
-hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree over them and, on a
+typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, one MLA
+latent pool for DeepSeek models, or the hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree over them and, on a
 PD decode server, the retraction backup store. The pools, the allocator and the tree are private
 to `mem_cache/` (`python -m sglang.check_layering` checks it); the rest of the server uses these
 operations:
@@ -38,7 +38,7 @@ import torch
 
 from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig, RetractionConfig
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
 
 logger = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ class MemoryManager:
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
+        if cfg.is_mla:  # one latent per token and layer, shared by the heads
+            return len(cfg.attention_layer_ids) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * elem
         return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
 
     def _profile_max_num_token(self) -> int:
@@ -217,6 +219,15 @@ class MemoryManager:
                                                        kvcache=self.token_to_kv_pool, device=self.device)
             pools = [("full", tokens, self.token_to_kv_pool.full_kv_pool),
                      ("swa", self.swa_max_total_num_tokens, self.token_to_kv_pool.swa_kv_pool)]
+        elif cfg.is_mla:
+            self.swa_max_total_num_tokens = None
+            self.token_to_kv_pool = MLATokenToKVPool(size=tokens, page_size=self.page_size, dtype=self.kv_dtype,
+                                                     kv_lora_rank=cfg.kv_lora_rank,
+                                                     qk_rope_head_dim=cfg.qk_rope_head_dim,
+                                                     layer_ids=cfg.attention_layer_ids, device=self.device)
+            self.allocator = TokenToKVPoolAllocator(tokens, self.page_size, kvcache=self.token_to_kv_pool,
+                                                    device=self.device)
+            pools = [(None, tokens, self.token_to_kv_pool)]
         else:
             self.swa_max_total_num_tokens = None
             self.token_to_kv_pool = MHATokenToKVPool(size=tokens, layer_ids=cfg.attention_layer_ids, **kw)
@@ -225,8 +236,11 @@ class MemoryManager:
             pools = [(None, tokens, self.token_to_kv_pool)]
         for kind, n, pool in pools:
             kv_bytes = pool.get_kv_size_bytes()
-            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
             prefix = "" if kind is None else f"[{kind}] "
+            if getattr(pool, "is_mla", False):  # upstream's MLA line: one latent, no separate V
+                logger.info(f"{prefix}KV Cache is allocated. #tokens: {n}, KV size: {kv_bytes / GB:.2f} GB")
+                continue
+            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
             logger.info(f"{prefix}KV Cache is allocated. #tokens: {n}, K size: {k_bytes / GB:.2f} GB, "
                         f"V size: {(kv_bytes - k_bytes) / GB:.2f} GB")
         logger.info(f"Memory pool end. #tokens in KV pool: {tokens}, max_running_requests={self.max_running_requests}, "
