@@ -178,7 +178,7 @@ class MemoryManager:
     def kv_bytes_per_token(self) -> int:
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        if cfg.is_mla:  # one latent per token and layer, shared by the heads
+        if getattr(cfg, "is_mla", False):  # one latent per token and layer, shared by the heads
             return len(cfg.attention_layer_ids) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * elem
         return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
 
@@ -219,7 +219,7 @@ class MemoryManager:
                                                        kvcache=self.token_to_kv_pool, device=self.device)
             pools = [("full", tokens, self.token_to_kv_pool.full_kv_pool),
                      ("swa", self.swa_max_total_num_tokens, self.token_to_kv_pool.swa_kv_pool)]
-        elif cfg.is_mla:
+        elif getattr(cfg, "is_mla", False):
             self.swa_max_total_num_tokens = None
             self.token_to_kv_pool = MLATokenToKVPool(size=tokens, page_size=self.page_size, dtype=self.kv_dtype,
                                                      kv_lora_rank=cfg.kv_lora_rank,
