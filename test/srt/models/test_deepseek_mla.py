@@ -105,6 +105,8 @@ def test_host_pool_round_trips_the_latent():
     ("scoring_func", "softmax", "scoring_func"),
     ("n_group", 3, "n_group"),
     ("hidden_act", "gelu", "hidden_act"),
+    ("moe_layer_freq", 2, "moe_layer_freq"),
+    ("quantization_config", {"quant_method": "fp8"}, "quantization_config"),
 ])
 def test_unsupported_router_config_is_refused(field, value, named):
     from transformers import AutoConfig
@@ -115,6 +117,23 @@ def test_unsupported_router_config_is_refused(field, value, named):
     setattr(cfg, field, value)
     with pytest.raises(ValueError, match=named):
         DeepseekV3ForCausalLM(cfg)
+
+
+def test_start_refuses_a_router_it_cannot_compute(tmp_path):
+    """Start-up's check (before any process is spawned) reads config.json: one line naming the field."""
+    import json
+    import shutil
+
+    from sglang.srt.model_loader.loader import ModelConfigError, check_model_servable
+
+    src = family_dir("deepseek_v2")
+    check_model_servable(src)
+    shutil.copy(f"{src}/config.json", tmp_path / "config.json")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["topk_method"] = "noaux_tc"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="topk_method='noaux_tc' is not supported for DeepseekV2"):
+        check_model_servable(str(tmp_path))
 
 
 @pytest.fixture(scope="module", params=["deepseek_v2_lite", "deepseek_v3"])
@@ -146,3 +165,14 @@ def test_engine_greedy_first_step_logprobs_and_prefix_hit(engine):
         assert [t[1] for t in top] == ref_ids.tolist()
         torch.testing.assert_close(torch.tensor([t[0] for t in top]), ref_vals, atol=1e-4, rtol=1e-4)
     assert outs[0]["meta_info"]["cached_tokens"] == 0 and outs[1]["meta_info"]["cached_tokens"] > 0
+
+
+def test_triton_backend_refuses_mla_at_start():
+    from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
+    from sglang.srt.layers.attention.registry import create_attention_backend
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+
+    pool = MLATokenToKVPool(16, 1, torch.float32, kv_lora_rank=32, qk_rope_head_dim=8, layer_ids=[0])
+    with pytest.raises(ValueError, match="triton does not run MLA models"):
+        create_attention_backend("triton", AttentionInputs(req_to_token_pool=ReqToTokenPool(2, 16),
+                                                           token_to_kv_pool=pool))

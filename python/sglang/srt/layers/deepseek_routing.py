@@ -38,6 +38,9 @@ def check_router_config(config: Any, version: int) -> None:
     act = _cfg(config, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"config.json hidden_act={act!r} is not supported for DeepSeek experts (silu only)")
+    freq = _cfg(config, "moe_layer_freq", 1)
+    if freq not in (None, 1):  # DeepSeek's code skips layers by it, HF's classes do not: refuse
+        raise ValueError(f"config.json moe_layer_freq={freq} is not supported for DeepSeek (1)")
     n_group, topk_group = _cfg(config, "n_group"), _cfg(config, "topk_group")
     if version == 2:
         scoring = _cfg(config, "scoring_func", "softmax")

@@ -23,7 +23,7 @@ from typing import Any, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from sglang.srt.layers.deepseek_routing import DeepseekRouter, num_routed_experts
+from sglang.srt.layers.deepseek_routing import DeepseekRouter, check_router_config, num_routed_experts
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import default_weight_loader
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -37,6 +37,22 @@ from sglang.srt.models.decoder import GatedMLP
 
 def _cfg(config: Any, key: str, default=None):
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def check_deepseek_config(config: Any, version: int) -> None:
+    """Refuses, with one line naming the field, a config this model cannot compute as HF does
+    (`config`: the HF config or config.json's dict; start-up calls it before spawning anything)."""
+    check_rope_config(config)
+    quant = _cfg(config, "quantization_config")
+    if quant:  # e.g. DeepSeek-V3's released FP8 blocks: loading them as plain weights is garbage
+        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise ValueError(f"config.json quantization_config (quant_method={method}) is not supported for "
+                         "DeepSeek checkpoints; convert the weights to bf16 first")
+    heads = int(_cfg(config, "num_attention_heads"))
+    if int(_cfg(config, "num_key_value_heads", None) or heads) != heads:
+        raise ValueError("config.json num_key_value_heads must equal num_attention_heads for MLA models")
+    if num_routed_experts(config) > 0:
+        check_router_config(config, version)
 
 
 class DeepseekMoE(nn.Module):
@@ -108,10 +124,7 @@ class DeepseekV2ForCausalLM(nn.Module):
 
     def __init__(self, config: Any, model_config=None):
         super().__init__()
-        check_rope_config(config)
-        if int(_cfg(config, "num_key_value_heads", config.num_attention_heads) or config.num_attention_heads) \
-                != int(config.num_attention_heads):
-            raise ValueError("config.json num_key_value_heads must equal num_attention_heads for MLA models")
+        check_deepseek_config(config, self.version)
         self.config = config
         self.model_config = model_config
         self.model = DeepseekModel(config, self.version, model_config)
