@@ -12,7 +12,7 @@ renormalised and scaled weights, interleaved rope and yarn):
 - through `sglang.Engine` (real scheduler process) with 16-token chunked prefill: HF's greedy
   tokens and first-step logprobs, and the same again from a prefix-cache hit;
 - the KV pool keeps the latent once per token: kv_lora_rank + qk_rope_head_dim values per layer,
-  not K and V per head, and the host pool of retraction backups round-trips those bytes;
+  not K and V per head, and the retraction backups (host pool, CPU copy) round-trip those bytes;
 - a config the router cannot compute is refused at start with one line naming the field.
 """
 
@@ -80,25 +80,31 @@ def test_pool_keeps_one_latent_per_token():
     assert pool.layout().startswith("mla:")
 
 
-def test_host_pool_round_trips_the_latent():
+@pytest.mark.parametrize("backend", ["host_pool", "cpu_tensor"])
+def test_retraction_backup_round_trips_the_latent(backend):
     from sglang.srt.mem_cache.host_pool import HostKVPool
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.retraction_backup import RetractionBackupStore
 
     pool = MLATokenToKVPool(size=64, page_size=4, dtype=torch.float32, kv_lora_rank=32, qk_rope_head_dim=8,
                             layer_ids=[0, 1])
-    host = HostKVPool(pool, 32, 4)
-    assert [tuple(b.shape) for b in host.buffers] == [(36, 1, 40)] * 2
+    host = HostKVPool(pool, 32, 4) if backend == "host_pool" else None
+    if host is not None:  # the host pool takes the device pool's rows and page size
+        assert [tuple(b.shape) for b in host.buffers] == [(36, 1, 40)] * 2
+    store = RetractionBackupStore(backend, pool, None, host_pool=host)
     src = torch.arange(4, 14)
     for layer in (0, 1):
         pool.set_kv_buffer(layer, src, torch.randn(10, 40))
     saved = [pool.get_key_buffer(layer)[src].clone() for layer in (0, 1)]
-    slots = host.alloc(10)
-    host.backup_from_device(src, slots)
+    backup = store.backup(src)
+    for layer in (0, 1):  # the slots are reused meanwhile
+        pool.set_kv_buffer(layer, src, torch.zeros(10, 40))
     dst = torch.arange(20, 30)
-    host.load_to_device(slots, dst)
+    store.restore(backup, dst)
     for layer in (0, 1):
         torch.testing.assert_close(pool.get_key_buffer(layer)[dst], saved[layer], rtol=0, atol=0)
         torch.testing.assert_close(pool.get_value_buffer(layer)[dst], saved[layer][..., :32], rtol=0, atol=0)
+    assert store.num_live == 0 and (host is None or host.available_size() == 32)
 
 
 @pytest.mark.parametrize("field,value,named", [
