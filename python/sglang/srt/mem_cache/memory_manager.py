@@ -2,8 +2,8 @@
 
 `build_memory(spec, memory_config, cache_config, retraction)` makes all of it in one call, from
 typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, one MLA
-latent pool for DeepSeek models, or the hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree over them and, on a
-PD decode server, the retraction backup store. The pools, the allocator and the tree are private
+latent pool for DeepSeek models, or the hybrid SWA pair), the Mamba state pool of hybrid SSM
+models, the radix tree over them and, on a PD decode server, the retraction backup store. The pools, the allocator and the tree are private
 to `mem_cache/` (`python -m sglang.check_layering` checks it); the rest of the server uses these
 operations:
 
