@@ -6,7 +6,8 @@ renormalised and scaled weights, interleaved rope and yarn):
 
 - runner level, fp32: the logits of every prompt token (expanded prefill) and of each decode step
   (absorbed form over the latent pool), whole and in 7-token chunks (absorbed over the cached
-  chunks), within 1e-4 of HF; the same through the torch fallbacks (no sgl-kernel);
+  chunks), within 1e-4 of HF; the same through the torch fallbacks (no sgl-kernel), and with a
+  latent wider than sgl-kernel's heads (real DeepSeek's 512 + 64: torch ops for those layers);
 - bf16 checkpoints within bf16's reach of HF in bf16 (most positions within 0.1: a near-tie expert
   choice flips at a few; argmax agreement > 80%);
 - through `sglang.Engine` (real scheduler process) with 16-token chunked prefill: HF's greedy
@@ -52,6 +53,18 @@ def test_torch_fallbacks_match_hf():
     runner = _runner(family_dir("deepseek_v3"), page_size=4)
     with cpu_ops.torch_fallbacks():
         assert_trace_close(our_logits(runner, prompt, ref.tokens, chunk_size=9), ref)
+
+
+def test_latent_wider_than_the_kernels_takes_the_torch_path(tmp_path):
+    """Real DeepSeek latents are 512 + 64 wide, past sgl-kernel's 512-wide heads: those layers
+    attend with torch ops (here 512 + 8), still HF's logits."""
+    from sglang.test.hf_parity import load_hf_model
+    from sglang.test.tiny_models import make_tiny_model
+
+    path = make_tiny_model(str(tmp_path / "wide"), "deepseek_v2_lite", seed=2, kv_lora_rank=512, num_hidden_layers=2)
+    prompt = random_prompt(19, seed=8)
+    ref = hf_reference(load_hf_model(path), prompt, 2)
+    assert_trace_close(our_logits(_runner(path), prompt, ref.tokens, chunk_size=8), ref)
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v2_lite", "deepseek_v3"])
