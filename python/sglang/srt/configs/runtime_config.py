@@ -60,6 +60,7 @@ class MemoryConfig:
     max_mamba_cache_size: Optional[int] = None
     mamba_full_memory_ratio: Optional[float] = None
     mamba_ssm_dtype: Optional[str] = None
+    dp_size: int = 1  # replicas on this host (--dp-size): each sizes its pools from its share of the memory
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> "MemoryConfig":

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -405,6 +405,16 @@ class Scheduler:
             "page_size": self.page_size,
             **embedding_info(self.pooling, self.model_config),
         }
+
+    def load(self, count_tokens: bool = False) -> Tuple[int, int]:
+        """(requests, tokens) this scheduler holds: waiting, running, being chunked, in the grammar
+        queue, in the role's queues (upstream's `num_reqs` / `num_tokens` for DP dispatch). The
+        tokens are counted only when asked (a walk over the queues)."""
+        grammar = self.grammar_manager.reqs() if self.grammar_manager is not None else []
+        reqs = self.queues.all() + list(grammar) + list(self.role.all_reqs())
+        if not count_tokens:
+            return len(reqs), 0
+        return len(reqs), sum(r.seqlen for r in reqs)
 
     def internal_state(self) -> dict:
         """`/server_info` and `/metrics`: queues, the memory manager's accounting, the role's queues."""
