@@ -3,20 +3,22 @@
 
 Counts and sizes add up (requests, free and total KV tokens, request slots, retractions, forward
 counts); ratios and rates are averaged; a value that is not a number is kept when the replicas
-agree (the PD mode, a backend name) and listed per replica when they do not. `dp_rank` is
-dropped and `dp_size` says how many states were summed.
+agree (the PD mode, a backend name) and listed per replica when they do not. `dp_rank` and
+`pid` are dropped and `dp_size` says how many states were summed.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List
 
+# Which replica it is: meaningless summed.
+PER_REPLICA = frozenset({"dp_rank", "pid"})
 # Per-replica ratios and rates: a mean means something, a sum does not.
 AVERAGED = frozenset({"new_token_ratio", "kv_transfer_speed_gb_s", "kv_transfer_latency_ms", "last_gen_throughput"})
 
 
 def sum_internal_states(states: List[Dict[str, Any]]) -> Dict[str, Any]:
-    out = _merge([{k: v for k, v in s.items() if k != "dp_rank"} for s in states])
+    out = _merge([{k: v for k, v in s.items() if k not in PER_REPLICA} for s in states])
     out["dp_size"] = len(states)
     return out
 

@@ -121,7 +121,8 @@ class SchedulerLoop:
         elif isinstance(msg, FlushCacheReqInput):
             send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=s.flush_cache(), dp_rank=self.replica.dp_rank))
         elif isinstance(msg, GetInternalStateReq):
-            state = {**s.internal_state(), "dp_rank": self.replica.dp_rank, "num_requests_received": self.received_reqs}
+            state = {**s.internal_state(), "dp_rank": self.replica.dp_rank, "pid": os.getpid(),
+                     "num_requests_received": self.received_reqs}
             send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state=state, dp_rank=self.replica.dp_rank))
         else:
             logger.warning("Scheduler got an unknown message: %r", type(msg))

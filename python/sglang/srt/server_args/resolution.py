@@ -350,6 +350,21 @@ def handle_hicache(sa) -> None:
         sa._declare(src, hicache_mem_layout=new_layout)
 
 
+def handle_data_parallelism(sa) -> None:
+    """`--dp-size N`: N scheduler replicas behind one tokenizer (`managers/data_parallel_controller.py`).
+    Not on a PD server: which replica holds a room's KV is not exchanged through the bootstrap
+    server here, so each PD server runs one replica (scale PD by more servers behind the router)."""
+    cfg = sa._view()
+    if cfg.dp_size < 1:
+        raise ValueError(f"--dp-size must be at least 1, got {cfg.dp_size}.")
+    if cfg.dp_size > 1 and cfg.disaggregation_mode != "null":
+        raise ValueError(
+            f"--dp-size {cfg.dp_size} is not supported with --disaggregation-mode {cfg.disaggregation_mode}: "
+            "the bootstrap server does not tell the decode side which replica holds a request's KV. "
+            "Run one --dp-size 1 server per replica behind the router instead."
+        )
+
+
 def handle_load_balance_method(sa) -> None:
     cfg = sa._view()
     if cfg.load_balance_method == "auto":
@@ -458,6 +473,7 @@ RESOLUTION_PIPELINE = (
     page_size_default,
     grammar_backend_default,
     handle_hicache,
+    handle_data_parallelism,
     handle_load_balance_method,
     handle_cache_compatibility,
 )
