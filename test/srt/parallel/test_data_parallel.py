@@ -21,6 +21,7 @@ import time
 import pytest
 import requests
 
+from sglang.test.dp_utils import assert_replica_pools_whole, replica_states
 from sglang.test.server_utils import (
     find_free_port,
     hf_greedy_reference,
@@ -43,8 +44,12 @@ LONG = {"temperature": 0.0, "max_new_tokens": 1900, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    model = make_tiny_model(str(tmp_path_factory.mktemp("dp_llama")), "llama", seed=11)
+def model(tmp_path_factory):
+    return make_tiny_model(str(tmp_path_factory.mktemp("dp_llama")), "llama", seed=11)
+
+
+@pytest.fixture(scope="module")
+def cluster(model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("dp_logs")
     ports = {name: find_free_port() for name in ("dp2", "sq", "dp1")}
     args = {
@@ -52,8 +57,10 @@ def cluster(tmp_path_factory):
         "sq": COMMON + ["--dp-size", "2", "--load-balance-method", "total_requests"],
         "dp1": COMMON,
     }
+    # `sq` names its replicas' cores the other way round: SGLANG_CPU_OMP_THREADS_BIND, one group per replica
+    env = {"sq": {"SGLANG_CPU_OMP_THREADS_BIND": "1|0"}}
     procs = start_side_by_side(*[
-        (lambda n=name: popen_launch_server(model, ports[n], args[n], log_path=str(logs / f"{n}.log")))
+        (lambda n=name: popen_launch_server(model, ports[n], args[n], log_path=str(logs / f"{n}.log"), env=env.get(n)))
         for name in ports])
     out = {"model": model}
     for name, proc in zip(ports, procs):
@@ -64,41 +71,25 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prompts(cluster):
+def prompts(model):
+    return greedy_prompts(model)
+
+
+def greedy_prompts(model: str) -> dict:
     """16 prompts of different lengths (token ids) and HF's greedy continuation of each."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cluster["model"])
+    tok = AutoTokenizer.from_pretrained(model)
     texts = [f"Request number {i}: " + "tell me something about the number " * (1 + i % 4) + str(i) for i in range(16)]
     ids = [tok(t)["input_ids"] for t in texts]
-    refs = [hf_greedy_reference(cluster["model"], x, GREEDY["max_new_tokens"])[0] for x in ids]
+    refs = [hf_greedy_reference(model, x, GREEDY["max_new_tokens"])[0] for x in ids]
     return {"texts": texts, "ids": ids, "refs": refs}
-
-
-def _states(url: str) -> list:
-    return requests.get(url + "/server_info", timeout=30).json()["internal_states"]
 
 
 def _generate(url: str, payload: dict) -> dict:
     r = requests.post(url + "/generate", json=payload, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _assert_pools_whole(url: str, timeout: float = 20.0) -> list:
-    """Every replica idle with all its KV (free or evictable cache) and request slots back."""
-    deadline = time.time() + timeout
-    while True:
-        states = _states(url)
-        whole = [s["num_running_reqs"] == 0 and s["num_waiting_reqs"] == 0
-                 and s["available_kv_tokens"] + s["evictable_kv_tokens"] == s["max_total_num_tokens"]
-                 and s["available_req_slots"] == s["req_pool_size"] and s["protected_kv_tokens"] == 0
-                 for s in states]
-        if all(whole) or time.time() > deadline:
-            break
-        time.sleep(0.2)
-    assert all(whole), states
-    return states
 
 
 def _start_long_stream(url: str, rid: str):
@@ -126,7 +117,7 @@ def _short_ranks(url: str, n: int = 4) -> list:
 def test_concurrent_openai_completions_equal_dp1(cluster, prompts):
     """16 concurrent completions through the official openai client: the dp=2 server answers each
     with the dp=1 server's greedy text, and both replicas took some of them."""
-    before = [s["num_requests_received"] for s in _states(cluster["dp2"]["url"])]
+    before = [s["num_requests_received"] for s in replica_states(cluster["dp2"]["url"])]
 
     def complete(url, prompt):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -141,7 +132,7 @@ def test_concurrent_openai_completions_equal_dp1(cluster, prompts):
         dp2 = list(ex.map(lambda p: complete(cluster["dp2"]["url"], p), prompts["ids"]))
         dp1 = list(ex.map(lambda p: complete(cluster["dp1"]["url"], p), prompts["ids"]))
     assert dp2 == dp1
-    after = [s["num_requests_received"] for s in _states(cluster["dp2"]["url"])]
+    after = [s["num_requests_received"] for s in replica_states(cluster["dp2"]["url"])]
     got = [a - b for a, b in zip(after, before)]
     assert sum(got) == 16 and min(got) >= 4, got  # round robin: 8 each, give or take the health checks
 
@@ -181,10 +172,10 @@ def test_round_robin_alternates_while_a_replica_is_busy_and_a_cut_stream_frees_i
     resp, lines, busy = _start_long_stream(url, "dp-long-rr")
     ranks = _short_ranks(url)
     assert ranks == [1 - busy, busy, 1 - busy, busy]
-    state = _states(url)[busy]
+    state = replica_states(url)[busy]
     assert state["num_running_reqs"] == 1  # still running when the shorts were done
     resp.close()  # the client goes away mid-stream
-    _assert_pools_whole(url)
+    assert_replica_pools_whole(url)
 
 
 def test_shortest_queue_avoids_the_busy_replica_and_abort_request_frees_it(cluster):
@@ -203,7 +194,7 @@ def test_shortest_queue_avoids_the_busy_replica_and_abort_request_frees_it(clust
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert last["meta_info"]["completion_tokens"] < LONG["max_new_tokens"]
     resp.close()
-    _assert_pools_whole(url)
+    assert_replica_pools_whole(url)
 
 
 # ------------------------------------------------------------------------------ info and metrics
@@ -221,25 +212,54 @@ def test_server_info_and_metrics_report_each_replica_and_the_sum(cluster):
     metrics = requests.get(url + "/metrics", timeout=30).text
     line = next(x for x in metrics.splitlines() if x.startswith("sglang:max_total_num_tokens{"))
     assert float(line.rsplit(" ", 1)[1]) == 2 * MAX_TOTAL_TOKENS
-    _assert_pools_whole(url)
-    # each replica on its own core (the even split: this machine's cores, one block per replica)
+    assert_replica_pools_whole(url)
+    # each replica on its own cores: the even split of the cores, or SGLANG_CPU_OMP_THREADS_BIND's groups
+    from sglang.srt.utils.cpu_binding import available_cores, format_cores, replica_cores
+
+    split = replica_cores(2)
     log = read_log(cluster["dp2"]["proc"])
-    assert "scheduler DP0] CPU threads" in log and "scheduler DP1] CPU threads" in log
+    for i in (0, 1):
+        assert f"scheduler DP{i}] CPU threads: {len(split[i])}, bound to cores {format_cores(split[i])} (given)" in log
+    if len(available_cores()) >= 2 and available_cores()[:2] == [0, 1]:
+        log = read_log(cluster["sq"]["proc"])
+        assert "scheduler DP0] CPU threads: 1, bound to cores 1 (given)" in log
+        assert "scheduler DP1] CPU threads: 1, bound to cores 0 (given)" in log
+
+
+def test_replica_cores(monkeypatch):
+    from sglang.srt.utils.cpu_binding import ENV, available_cores, replica_cores
+
+    cores = available_cores()
+    monkeypatch.delenv(ENV, raising=False)
+    assert replica_cores(1) == [None]
+    if len(cores) >= 2:
+        split = replica_cores(2)
+        assert sum(split, []) == cores and all(split) and abs(len(split[0]) - len(split[1])) <= 1
+    with pytest.raises(ValueError, match="needs at least one CPU core per replica"):
+        replica_cores(len(cores) + 1)
+    c = cores[0]
+    monkeypatch.setenv(ENV, f"{c}|{c}|{c}")  # upstream's syntax; overlapping groups are the user's choice
+    assert replica_cores(2) == [[c], [c]]
+    monkeypatch.setenv(ENV, f"{c}|{c}")
+    with pytest.raises(ValueError, match="needs one per replica"):
+        replica_cores(3)
+    monkeypatch.setenv(ENV, ",".join(map(str, cores)))  # one list (launch_pd's): split among the replicas
+    assert replica_cores(1) == [cores] and sum(replica_cores(min(2, len(cores))), []) == cores
 
 
 def test_flush_cache_reaches_every_replica(cluster):
     url = cluster["dp2"]["url"]
     assert requests.post(url + "/flush_cache", timeout=30).status_code == 200
-    assert all(s["evictable_kv_tokens"] == 0 for s in _assert_pools_whole(url))
+    assert all(s["evictable_kv_tokens"] == 0 for s in assert_replica_pools_whole(url))
 
 
 # ----------------------------------------------------------------------------------- engine
 
 
-def test_engine_dp2(cluster, prompts):
+def test_engine_dp2(model, prompts):
     import sglang
 
-    engine = sglang.Engine(model_path=cluster["model"], dp_size=2, dtype="float32", max_total_tokens=1024)
+    engine = sglang.Engine(model_path=model, dp_size=2, dtype="float32", max_total_tokens=1024)
     try:
         outs = engine.generate(input_ids=prompts["ids"][:4], sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == prompts["refs"][:4]
@@ -258,7 +278,7 @@ def test_killing_one_replica_takes_the_server_down(cluster):
     s = cluster["sq"]
     import psutil
 
-    victim = psutil.Process(_states(s["url"])[1]["pid"])
+    victim = psutil.Process(replica_states(s["url"])[1]["pid"])
     victim.send_signal(signal.SIGKILL)
     t0 = time.time()
     try:  # once the replica is gone (a zombie until the server reaps it), /health is never 200 again
@@ -276,11 +296,3 @@ def test_killing_one_replica_takes_the_server_down(cluster):
     log = read_log(s["proc"])
     assert "The sglang::scheduler_DP1 process exited unexpectedly" in log
     assert "The server exits with code 1" in log
-
-
-def test_pd_server_refuses_dp(tmp_path):
-    from sglang.srt.server_args import ServerArgs
-
-    for mode in ("prefill", "decode"):
-        with pytest.raises(ValueError, match=f"--dp-size 2 is not supported with --disaggregation-mode {mode}"):
-            ServerArgs(model_path="dummy", disaggregation_mode=mode, dp_size=2)

@@ -15,8 +15,8 @@ Dispatch (upstream's `LoadBalanceMethod` names):
                          reports in shared memory, `replica_load.py`, plus those still in its socket):
                          the shortest queue
   total_tokens           the replica with the fewest tokens in those requests (ties: fewest requests)
-  follow_bootstrap_room  `bootstrap_room % N` (upstream's PD prefill rule); requests without a room
-                         go round-robin
+  follow_bootstrap_room  `bootstrap_room % N` (upstream's PD prefill rule: the decode side looks for a
+                         room's KV on that prefill replica); requests without a room go round-robin
 A request's `routed_dp_rank` (or the deprecated `data_parallel_rank`) sends it to that replica
 whatever the method, as upstream's external DP routing.
 
@@ -70,11 +70,14 @@ class _Sent:
 
 
 class DataParallelController:
-    def __init__(self, sockets: Sequence, method: str = "round_robin", loads: Optional[Sequence] = None):
+    def __init__(self, sockets: Sequence, method: str = "round_robin", loads: Optional[Sequence] = None,
+                 rooms_fix_replica: bool = False):
         """`sockets`: one connected PUSH socket per replica, in dp_rank order. `loads`: each
         replica's `ReplicaLoad` (None: nothing reported, total_requests/total_tokens fall back
-        to counting what this controller sent)."""
+        to counting what this controller sent). `rooms_fix_replica`: a PD prefill server, whose
+        decode peers look for a room's KV on replica `bootstrap_room % N`."""
         self.sockets = list(sockets)
+        self.rooms_fix_replica = rooms_fix_replica
         self.method = LoadBalanceMethod.from_str("round_robin" if method in (None, "auto") else method)
         self.loads = list(loads) if loads is not None else None
         self.round_robin_counter = 0
@@ -107,6 +110,10 @@ class DataParallelController:
     def _pick(self, req: TokenizedGenerateReqInput, routed: Optional[int]) -> int:
         if routed is not None:
             check_routed_rank(routed, self.size)
+            if self.rooms_fix_replica and isinstance(req.bootstrap_room, int) and routed != req.bootstrap_room % self.size:
+                raise ValueError(f"routed_dp_rank {routed} does not hold bootstrap_room {req.bootstrap_room} on this "
+                                 f"PD prefill server: its decode peers look for the KV on replica "
+                                 f"bootstrap_room % {self.size} = {req.bootstrap_room % self.size}.")
             rank = routed
         elif self.method is LoadBalanceMethod.FOLLOW_BOOTSTRAP_ROOM and isinstance(req.bootstrap_room, int):
             rank = req.bootstrap_room % self.size

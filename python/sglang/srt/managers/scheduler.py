@@ -53,7 +53,10 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 class Scheduler:
-    def __init__(self, server_args):
+    def __init__(self, server_args, dp_rank: int = 0):
+        """`dp_rank`: which data-parallel replica this scheduler is (`--dp-size`; a PD prefill
+        replica registers its KV rank with the bootstrap server under it)."""
+        self.dp_rank = dp_rank
         self.server_args = sa = server_args
         set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
         self.worker = TpModelWorker(sa)  # loads the model

@@ -228,7 +228,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
 
             logger.info(bind_scheduler(rank=replica.dp_rank, cores=replica.cores))
 
-        scheduler = Scheduler(server_args)
+        scheduler = Scheduler(server_args, dp_rank=replica.dp_rank)
         if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
             from sglang.srt.utils.host_memory import keep_freed_memory
 

@@ -96,7 +96,7 @@ class TokenizerManager:
         self.ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = self.ctx.socket(zmq.PULL)
         bind_private(self.recv_from_detokenizer, port_args.tokenizer_ipc_name)
-        self.dp_size = max(int(getattr(server_args, "dp_size", 1) or 1), 1)
+        self.dp_size = max(int(server_args.dp_size or 1), 1)
         self.schedulers = self._connect_schedulers(server_args, port_args, replica_loads)
         self.rid_to_state: Dict[str, ReqState] = {}
         self.control_waiters: Dict[type, List[_Gather]] = {}
@@ -117,8 +117,8 @@ class TokenizerManager:
             sock = self.ctx.socket(zmq.PUSH)
             sock.connect(name)
             sockets.append(sock)
-        return DataParallelController(sockets, getattr(server_args, "load_balance_method", "round_robin"),
-                                      replica_loads)
+        return DataParallelController(sockets, server_args.load_balance_method, replica_loads,
+                                      rooms_fix_replica=server_args.disaggregation_mode == "prefill")
 
     def close(self) -> None:
         """Closes the sockets and their context now (the owner calls it at shutdown): left to the

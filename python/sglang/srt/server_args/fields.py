@@ -332,7 +332,7 @@ class ParallelFields:
         "auto",
         "The load balancing strategy for data parallelism. 'auto' picks follow_bootstrap_room on a PD prefill server, "
         "else round_robin; total_requests sends each request to the replica with the shortest queue, total_tokens to "
-        "the one with the fewest tokens queued.",
+        "the one with the fewest tokens queued. A PD prefill server with --dp-size > 1 needs follow_bootstrap_room.",
         choices=C.LOAD_BALANCE_METHOD_CHOICES,
     )
 

@@ -352,16 +352,19 @@ def handle_hicache(sa) -> None:
 
 def handle_data_parallelism(sa) -> None:
     """`--dp-size N`: N scheduler replicas behind one tokenizer (`managers/data_parallel_controller.py`).
-    Not on a PD server: which replica holds a room's KV is not exchanged through the bootstrap
-    server here, so each PD server runs one replica (scale PD by more servers behind the router)."""
+    On a PD prefill server each replica registers its KV rank with the bootstrap server under its
+    dp rank, and the decode side finds a request's replica as `bootstrap_room % dp_size`: the
+    prefill's dispatch must follow that rule (upstream's `follow_bootstrap_room`, its default
+    there); upstream's room registration for the other methods is not implemented."""
     cfg = sa._view()
     if cfg.dp_size < 1:
         raise ValueError(f"--dp-size must be at least 1, got {cfg.dp_size}.")
-    if cfg.dp_size > 1 and cfg.disaggregation_mode != "null":
+    if cfg.dp_size > 1 and cfg.disaggregation_mode == "prefill" and cfg.load_balance_method not in (
+            "auto", "follow_bootstrap_room"):
         raise ValueError(
-            f"--dp-size {cfg.dp_size} is not supported with --disaggregation-mode {cfg.disaggregation_mode}: "
-            "the bootstrap server does not tell the decode side which replica holds a request's KV. "
-            "Run one --dp-size 1 server per replica behind the router instead."
+            f"--load-balance-method {cfg.load_balance_method} is not supported on a PD prefill server with "
+            f"--dp-size {cfg.dp_size}: the decode server finds a request's prefill replica as "
+            "bootstrap_room % dp_size. Use follow_bootstrap_room (the default on a prefill server)."
         )
 
 

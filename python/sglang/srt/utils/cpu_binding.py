@@ -61,22 +61,24 @@ def cores_for_rank(spec: Optional[str], rank: int = 0) -> Optional[List[int]]:
 
 def replica_cores(dp_size: int) -> List[Optional[List[int]]]:
     """The cores of each data-parallel replica (`--dp-size`): rank i's group of
-    `SGLANG_CPU_OMP_THREADS_BIND` when it is set (one group per replica, "|" between them);
-    otherwise the cores this process may use, split evenly into contiguous blocks (the first
-    replicas get one more when they do not divide). One replica and no variable: None (it keeps
-    every core, as before). Raises ValueError when the replicas cannot each get a core."""
+    `SGLANG_CPU_OMP_THREADS_BIND` when it names one group per replica ("|" between them);
+    otherwise the cores of its one group (e.g. what `launch_pd` gives a server), or unset the
+    cores this process may use, split evenly into contiguous blocks (the first replicas get one
+    more when they do not divide). One replica and no variable: None (it keeps every core, as
+    before). Raises ValueError when the replicas cannot each get a core."""
     spec = os.environ.get(ENV)
-    if spec is not None and spec.strip() not in ("", "all"):
-        groups = spec.split("|")
+    named = spec is not None and spec.strip() not in ("", "all")
+    groups = spec.split("|") if named else []
+    if len(groups) > 1 or (named and dp_size == 1):
         if len(groups) < dp_size:
-            raise ValueError(f"{ENV}={spec!r} names {len(groups)} core group(s); --dp-size {dp_size} needs one "
-                             f"per replica, separated by '|' (e.g. '0-3|4-7')")
+            raise ValueError(f"{ENV}={spec!r} names {len(groups)} core groups; --dp-size {dp_size} needs one "
+                             f"per replica, separated by '|' (e.g. '0-3|4-7'), or a single list to split")
         return [cores_for_rank(spec, i) for i in range(dp_size)]
     if dp_size <= 1:
         return [None]
-    cores = available_cores()
+    cores = cores_for_rank(spec, 0) if named else available_cores()
     if len(cores) < dp_size:
-        raise ValueError(f"--dp-size {dp_size} needs at least one CPU core per replica; this process may use "
+        raise ValueError(f"--dp-size {dp_size} needs at least one CPU core per replica; this server may use "
                          f"{len(cores)} ({format_cores(cores)}). Lower --dp-size, or share cores on purpose with "
                          f"{ENV} (one group per replica, '|' between them).")
     base, extra = divmod(len(cores), dp_size)
