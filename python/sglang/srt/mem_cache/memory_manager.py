@@ -39,6 +39,7 @@ import torch
 from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig, RetractionConfig
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.state_slots import StateSlots
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,12 @@ def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[Ca
         retraction_backup=resolved.backend if resolved else cache.disaggregation_decode_retraction_backup,
         model_config=mc,
         mamba_pool=mm.mamba_pool,
+        state_slots=mm.state_slots,
     ))
+    if mm.state_slots is not None and mm.tree_cache.has_mamba_component:
+        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+        mm.state_slots.evict_one = lambda: mm.tree_cache.evict(EvictParams(mamba_num=1))
     if resolved is not None:
         mm.retraction_config = resolved
         mm.retraction_store = build_retraction_store(resolved, mm.token_to_kv_pool, mm.allocator,
@@ -167,6 +173,7 @@ class MemoryManager:
         self.page_size = int(config.page_size or 1)
         self._build_kv_pools()
         self.mamba_pool = self._build_mamba_pool(mamba_layout, model_dtype) if mamba_layout else None
+        self.state_slots = StateSlots(self.mamba_pool) if self.mamba_pool is not None else None
         if self.mamba_pool is not None and self.max_running_requests > self.mamba_pool.size:
             self.max_running_requests = self.mamba_pool.size  # a running request holds a state slot
         self.tree_cache = None  # build_memory, when the server caches prefixes
@@ -347,21 +354,6 @@ class MemoryManager:
         req.kv.cache_protected_len = 0
 
     # --- operations ----------------------------------------------------------------------------
-    def _alloc_state_slot(self) -> Optional[int]:
-        """One Mamba slot for a request, evicting one unlocked tree state when none is free."""
-        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
-
-        slots = self.mamba_pool.alloc(1)
-        if slots is None and self.tree_cache.has_mamba_component:
-            self.tree_cache.evict(EvictParams(mamba_num=1))
-            slots = self.mamba_pool.alloc(1)
-        return None if slots is None else slots[0]
-
-    def _free_state_slot(self, req) -> None:
-        if req.kv.mamba_pool_idx is not None:
-            self.mamba_pool.free(req.kv.mamba_pool_idx)
-        req.kv.mamba_pool_idx = None
-
     def _evict(self, num_tokens: int) -> None:
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
@@ -410,7 +402,7 @@ class MemoryManager:
 
         def rollback() -> None:
             for req in taken_slots:
-                self._free_state_slot(req)
+                self.state_slots.free_request_slot(req)
             for req in taken_rows:
                 self.req_to_token_pool.free(req.kv.req_pool_idx)
                 req.kv.req_pool_idx = None
@@ -426,7 +418,7 @@ class MemoryManager:
                 if len(req.kv.prefix_indices):
                     self.req_to_token_pool.write(req.kv.req_pool_idx, 0, req.kv.prefix_indices)
             if self.mamba_pool is not None and req.kv.mamba_pool_idx is None:
-                slot = self._alloc_state_slot()  # evicts a tree state when none is free
+                slot = self.state_slots.alloc()  # evicts a tree state when none is free
                 if slot is None:
                     rollback()
                     return None
@@ -467,10 +459,13 @@ class MemoryManager:
             if req.kv.last_node is not None:
                 self.tree_cache.dec_lock_ref(req.kv.last_node, req.kv.lock_receipt)
             req.kv.last_node, req.kv.lock_receipt = None, None
-            self._free_state_slot(req)
+            if self.state_slots is not None:
+                self.state_slots.free_request_slot(req)
             return
-        self.tree_cache.cache_finished_req(req, is_insert=insert)
+        self.tree_cache.cache_finished_req(req, is_insert=insert)  # may take the state slot over
         req.kv.req_pool_idx = None
+        if self.state_slots is not None:
+            self.state_slots.free_request_slot(req)
 
     def cache_unfinished(self, req, chunked: bool = False) -> None:
         """A request that keeps running shares its prompt's KV through the radix tree."""
