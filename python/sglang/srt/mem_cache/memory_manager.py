@@ -196,6 +196,10 @@ class MemoryManager:
             # Host RAM is shared with everything else on the machine (and with the other PD role):
             # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
             budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * GB)
+        # Data-parallel replicas (--dp-size) size their pools at the same time from the same memory
+        # (host RAM, or the one device they share here): each takes its share, so that together
+        # they keep to the budget.
+        budget /= max(int(self.config.dp_size or 1), 1)
         return int(budget // self.kv_bytes_per_token())
 
     def _build_kv_pools(self) -> None:
