@@ -20,7 +20,7 @@ class Engine:
     def __init__(self, **kwargs):
         from sglang.srt.entrypoints.launch import launch_engine_processes
         from sglang.srt.server_args import ServerArgs
-        from sglang.srt.server_args_compat import warn_no_effect_flags
+        from sglang.srt.server_args.compat import warn_no_effect_flags
         from sglang.srt.utils.process import configure_logging
 
         server_args = kwargs.pop("server_args", None)
@@ -105,11 +105,11 @@ class Engine:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
 
     def get_server_info(self) -> Dict[str, Any]:
-        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        states = self.loop.run_until_complete(self.tokenizer_manager.get_internal_states())
         return {
             **self.server_args.resolved_dict(),
             **self._procs.scheduler_info,
-            "internal_states": [state],
+            "internal_states": states,  # one per scheduler replica (dp_size)
             "version": __import__("sglang").__version__,
         }
 
