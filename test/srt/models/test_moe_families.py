@@ -13,7 +13,8 @@ w1/w2/w3 checkpoint names).
   and in 7-token chunks; the experts ran sgl-kernel's fused op (test/sgl-kernel/test_fused_moe.py
   tests the op itself) and its torch fallback gives the same logits; each family's sparse layers
   are the ones HF builds;
-- a config the router or experts cannot compute is refused with one line naming the field.
+- a config the router or experts cannot compute is refused with one line naming the field, at
+  start-up before any process is spawned (check_model_servable) and by the model class.
 """
 
 from __future__ import annotations
@@ -152,3 +153,24 @@ def test_unsupported_router_or_experts_refused_naming_the_field(arch, field, val
     setattr(config, field, value)
     with pytest.raises(ValueError, match=message):
         get_model_class(config.architectures)(config)
+
+
+@pytest.mark.parametrize("arch,field,value,message", [
+    ("qwen3_moe", "num_experts_per_tok", 99, r"num_experts_per_tok=99 must be in \[1, num_experts=8\]"),
+    ("mixtral", "scoring_func", "sigmoid", "scoring_func='sigmoid'"),
+])
+def test_start_refuses_a_router_it_cannot_compute(arch, field, value, message, tmp_path):
+    """Start-up's check (before any process is spawned) reads config.json: one line naming the field."""
+    import json
+    import shutil
+
+    from sglang.srt.model_loader.loader import ModelConfigError, check_model_servable
+
+    src = family_dir(arch)
+    check_model_servable(src)
+    shutil.copy(f"{src}/config.json", tmp_path / "config.json")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match=message):
+        check_model_servable(str(tmp_path))

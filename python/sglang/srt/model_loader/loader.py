@@ -66,8 +66,8 @@ class ModelConfigError(ValueError):
 def check_model_servable(model_path: str) -> None:
     """What start-up checks before any process is spawned (and `check_server_args` too): the
     architecture is one the registry has (upstream's message otherwise), the RoPE scaling is
-    one the rotary embedding computes, and a DeepSeek config's router and weights are ones the
-    model computes. Skips folders without a config.json ("default")."""
+    one the rotary embedding computes, and a DeepSeek config's or a sparse-MoE family's router
+    and weights are ones the model computes. Skips folders without a config.json ("default")."""
     import json
     import os
 
@@ -90,6 +90,13 @@ def check_model_servable(model_path: str) -> None:
             from sglang.srt.models.deepseek_v2 import check_deepseek_config
 
             check_deepseek_config(text, 3 if "DeepseekV3ForCausalLM" in archs else 2)
+        moe = getattr(getattr(ModelRegistry.resolve_model_cls(archs), "spec", None), "moe", None)
+        if moe is not None:  # a sparse-MoE family: its router and experts
+            from types import SimpleNamespace
+
+            from sglang.srt.layers.moe.block import check_moe_config
+
+            check_moe_config(SimpleNamespace(**text), moe)
     except ValueError as e:
         raise ModelConfigError(str(e)) from None
 

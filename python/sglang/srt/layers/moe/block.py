@@ -48,7 +48,10 @@ def sparse_layer(spec: MoeSpec, config: Any, layer_id: int) -> bool:
 
 
 def check_moe_config(config: Any, spec: MoeSpec) -> None:
-    experts = int(_get(config, spec.num_experts_key, 0))
+    """Refuses, with one line naming the field, a router or expert layout the block cannot
+    compute (`config`: an HF config, or config.json's fields as attributes: transformers 5 saves
+    `num_local_experts` for every family)."""
+    experts = int(_get(config, spec.num_experts_key) or _get(config, "num_local_experts", 0))
     top_k = int(_get(config, "num_experts_per_tok", 0))
     if experts > 0 and not 0 < top_k <= experts:
         raise ValueError(f"config.json num_experts_per_tok={top_k} must be in [1, {spec.num_experts_key}={experts}]")
