@@ -66,14 +66,23 @@ def measure(quick: bool = False, bar=None) -> dict:
 
 
 def model_shape(cfg: dict) -> dict:
-    """Parameter counts of the linear layers a decode step streams, and KV bytes per token."""
+    """Parameter counts of the linear layers a decode step streams, and KV bytes per token (for a
+    sparse MoE the active ones of a batch-1 step: its top-k experts; a larger batch reads more of
+    them, so the MoE ceilings above batch 1 are upper bounds)."""
     h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
     kvh = cfg.get("num_key_value_heads", heads)
     hd = cfg.get("head_dim") or h // heads
     inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
-    per_layer = h * heads * hd + 2 * h * kvh * hd + heads * hd * h + 3 * h * inter
-    linear = L * per_layer + vocab * h  # + lm_head (tied or not, it is read every step)
+    attn = h * heads * hd + 2 * h * kvh * hd + heads * hd * h
+    linear = L * (attn + 3 * h * inter) + vocab * h  # + lm_head (tied or not, it is read every step)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if experts:  # a sparse MoE: a batch-1 step reads its top-k experts (and any shared expert) only
+        moe_inter = cfg.get("moe_intermediate_size") or inter
+        sparse = [i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % (cfg.get("decoder_sparse_step") or 1) == 0
+                  for i in range(L)]
+        active = cfg["num_experts_per_tok"] * 3 * h * moe_inter + 3 * h * (cfg.get("shared_expert_intermediate_size") or 0)
+        linear = sum(attn + (active if s else 3 * h * inter) for s in sparse) + vocab * h
     return {"linear_params": linear, "lm_head_params": vocab * h, "layers": L, "kv_per_token_elems": 2 * L * kvh * hd,
             "q_heads": heads, "head_dim": hd}
 

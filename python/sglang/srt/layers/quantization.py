@@ -27,12 +27,23 @@ def quantize_per_channel_int8(weight: torch.Tensor) -> Tuple[torch.Tensor, torch
     return q.contiguous(), scale.contiguous()
 
 
+def quantize_stack_int8(stack: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [E, N, K], scale fp32 [E, N]): each expert's weight as `quantize_per_channel_int8`."""
+    E, N, K = stack.shape
+    q, scale = quantize_per_channel_int8(stack.reshape(E * N, K))
+    return q.reshape(E, N, K), scale.reshape(E, N)
+
+
 def quantize_linear_weights_int8(model: nn.Module) -> int:
-    """Gives each module with an `int8_weight` slot its quantized weight; returns how many."""
+    """Gives each module with an `int8_weight` slot its quantized weight, and each MoE expert stack
+    (`int8_experts` slot: layers/moe/experts.py) its quantized gate_up and down; returns how many."""
     count = 0
     for module in model.modules():
         if hasattr(module, "int8_weight") and isinstance(getattr(module, "weight", None), torch.Tensor) \
                 and module.weight.dim() == 2:
             module.int8_weight = quantize_per_channel_int8(module.weight)
+            count += 1
+        elif hasattr(module, "int8_experts"):
+            module.int8_experts = (*quantize_stack_int8(module.gate_up_proj), *quantize_stack_int8(module.down_proj))
             count += 1
     return count

@@ -33,6 +33,7 @@ from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
 from sglang.srt.layers.linear import cpu_linear_modules, is_panel_weight, pack_linear_weights, weights_into_huge_pages
 from sglang.srt.layers.linear_crossover import measure_panel_rows, measure_small_m_rows
+from sglang.srt.layers.moe import pack_expert_weights
 from sglang.srt.layers.pooler import read_pooling_config
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_manager import (
@@ -124,6 +125,9 @@ class ModelRunner:
                         f"oneDNN copy too; {packed - panels} for oneDNN)" if packed else
                         "linear weights not packed (no oneDNN, or the copies would take over half of the "
                         "available memory): using F.linear")
+            experts = pack_expert_weights(self.model, max_bytes=available_memory_bytes(self.device) // 2)
+            if experts:
+                logger.info(f"packed the experts of {experts} MoE layers in sgl_kernel panels")
         panel_rows, source = measure_panel_rows(self.model)  # first: it may drop the oneDNN copies
         if source:
             logger.info(f"sgl_kernel panels up to {panel_rows} rows, oneDNN beyond ({source})" if panel_rows is not None
@@ -160,7 +164,9 @@ class ModelRunner:
                                  token_to_kv_pool=pools.token_to_kv_pool, num_heads=cfg.num_attention_heads,
                                  num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                                  max_kv_splits=self.config.triton_attention_num_kv_splits)
-        backend_name = self.config.attention_backend or ("torch_native" if self.device == "cpu" else "triton")
+        # MLA pools: the triton kernels here do not read a latent pool (the backend refuses it)
+        default = "torch_native" if self.device == "cpu" or cfg.is_mla else "triton"
+        backend_name = self.config.attention_backend or default
         self.attention_backend_name = backend_name
         self.attn_backend = create_attention_backend(backend_name, inputs)
 

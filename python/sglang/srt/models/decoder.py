@@ -43,6 +43,9 @@ from sglang.srt.layers.layernorm import Fp32WeightRMSNorm, GemmaRMSNorm, LayerNo
 from sglang.srt.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                       RowParallelLinear)
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.moe import (MoeSpec, SparseMoeBlock, expert_weight_keys, load_expert_tensor,
+                                   sparse_layer)
+from sglang.srt.layers.moe.block import check_moe_config
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import check_rope_config, get_rope, get_rope_config, partial_rotary_factor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -85,6 +88,8 @@ class DecoderSpec:
     embed_scale: Optional[str] = None  # "sqrt_hidden" (Gemma) | "multiplier" (Granite's embedding_multiplier)
     multipliers: bool = False  # Granite: residual_multiplier, attention_multiplier, logits_scaling
     window_all_layers: bool = False  # config.sliding_window on every layer (full KV pool)
+    clip_qkv: bool = False  # OLMoE: q, k, v clamped to +-config.clip_qkv (after the q/k norms)
+    moe: Optional[MoeSpec] = None  # experts on the layers `sparse_layer` picks (layers/moe)
     rope_interleaved: bool = False  # GLM: rotate pairs (2i, 2i+1) instead of halves
     lm_head_bias: bool = False
     final_norm: str = "norm"  # the final norm's module name
@@ -153,6 +158,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.q_size, self.hidden_size, bias=o_bias)
         self.qk_norm = spec.qk_norm == "head"  # what layers/fused_decode.py covers
         self.qk_norm_kind = spec.qk_norm
+        self.clip_qkv = float(_cfg(config, "clip_qkv", 0.0)) if spec.clip_qkv else 0.0
         if spec.qk_norm == "head":
             self.q_norm = make_norm(spec, config, self.head_dim)
             self.k_norm = make_norm(spec, config, self.head_dim)
@@ -183,6 +189,8 @@ class DecoderAttention(nn.Module):
             k = self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim)).reshape(T, self.kv_size)
         elif self.qk_norm_kind == "full":
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        if self.clip_qkv:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q.contiguous(), k.contiguous(), v.contiguous(), forward_batch)
@@ -229,7 +237,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = DecoderAttention(config, layer_id, model_config, spec)
         act = _act_name(spec, config)
         mlp_bias = bool(_cfg(config, spec.mlp_bias_key, False)) if spec.mlp_bias is None else spec.mlp_bias
-        if spec.mlp == "gated":
+        if spec.moe is not None and sparse_layer(spec.moe, config, layer_id):
+            shared = None
+            if spec.moe.shared_expert:
+                shared = GatedMLP(config.hidden_size, int(config.shared_expert_intermediate_size), act=act)
+            self.mlp = SparseMoeBlock.from_spec(config, spec.moe, shared)
+        elif spec.mlp == "gated":
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=mlp_bias, act=act)
         else:
             self.mlp = FcMLP(config.hidden_size, config.intermediate_size, bias=mlp_bias, act=act)
@@ -245,8 +258,8 @@ class DecoderLayer(nn.Module):
         self.residual_multiplier = float(_cfg(config, "residual_multiplier", 1.0)) if spec.multipliers else 1.0
         rope = self.self_attn.rotary_emb
         # what layers/fused_decode.py computes: a Llama layer
-        self.fused_decode_ok = (spec.layout == "pre" and spec.norm == "rms" and spec.mlp == "gated"
-                                and self.mlp.act_and_mul is None and self.residual_multiplier == 1.0
+        self.fused_decode_ok = (spec.layout == "pre" and spec.norm == "rms" and isinstance(self.mlp, GatedMLP)
+                                and self.mlp.act_and_mul is None and not spec.clip_qkv and self.residual_multiplier == 1.0
                                 and spec.qk_norm in (None, "head") and rope is not None
                                 and rope.rotary_dim == rope.head_size and not rope.per_forward_tables
                                 and rope.is_neox_style)
@@ -341,7 +354,7 @@ class DecoderForCausalLM(nn.Module):
 
     def __init__(self, config: Any, model_config=None):
         super().__init__()
-        check_decoder_config(config)
+        check_decoder_config(config, self.spec)
         self.config = config
         self.model_config = model_config
         self.model = DecoderModel(config, model_config, self.spec)
@@ -366,15 +379,20 @@ class DecoderForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
         """Copies HF-named tensors into the parameters; returns the keys loaded."""
-        return load_weights_into(self, weights, self.stacked_params_mapping, canonical=self.canonical_name)
+        params = dict(self.named_parameters(remove_duplicate=False))
+        return load_weights_into(self, weights, self.stacked_params_mapping, canonical=self.canonical_name,
+                                 special=lambda name, tensor: load_expert_tensor(self, params, name, tensor),
+                                 skip_merged=lambda name: ".experts." in name)
 
     def expected_weight_keys(self) -> set:
         """The `load_weights` keys a complete checkpoint provides (for missing-weight checks)."""
-        return expected_weight_keys(self)
+        return expected_weight_keys(self, skip=lambda name: ".experts." in name) | expert_weight_keys(self)
 
 
-def check_decoder_config(config: Any) -> None:
+def check_decoder_config(config: Any, spec: Optional[DecoderSpec] = None) -> None:
     """Refuses, with one line naming the field, what the decoder cannot compute."""
     check_rope_config(config)
+    if spec is not None and spec.moe is not None:
+        check_moe_config(config, spec.moe)
     if _cfg(config, "use_sinks") or _cfg(config, "attention_sinks"):
         raise ValueError("config.json attention sinks (use_sinks) are not supported by this decoder yet")

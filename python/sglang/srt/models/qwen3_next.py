@@ -6,7 +6,7 @@ where the mixer is, per `layer_types`, a gated DeltaNet ("linear_attention", sta
 pool: `layers/gdn/`) or gated full attention ("full_attention": q_proj yields q and an output
 gate, q/k per-head zero-centred RMSNorm, partial rotary embedding over the first
 `partial_rotary_factor` of each head, o_proj(attn * sigmoid(gate))). The MLP is a sparse MoE with
-a shared expert (`layers/moe.py`) or a dense gated MLP:
+a shared expert (`layers/moe/`) or a dense gated MLP:
 
 * Qwen3-Next: MoE where `num_experts > 0`, `(i + 1) % decoder_sparse_step == 0` and i not in
   `mlp_only_layers`; DeltaNet projections `in_proj_qkvz` / `in_proj_ba` (grouped per key head).
@@ -29,10 +29,10 @@ from torch import nn
 
 from sglang.srt.layers.gdn.gated_delta_net import GatedDeltaNet
 from sglang.srt.layers.layernorm import ZeroCenteredRMSNorm
-from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, default_weight_loader
+from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mamba.mamba_mixer2 import Mamba2Metadata
-from sglang.srt.layers.moe import EXPERT_WEIGHT, SparseMoeBlock
+from sglang.srt.layers.moe import SparseMoeBlock, expert_weight_keys, load_expert_tensor
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope, get_rope_config
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -197,31 +197,14 @@ class Qwen3NextForCausalLM(nn.Module):
             return "model." + name[len("model.language_model."):]
         return name
 
-    def _load_experts(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[List[str]]:
-        """Routed experts: one expert's projection, or HF's in-memory stacked [E, ...] tensors."""
-        expert = EXPERT_WEIGHT.match(name)
-        if expert is not None:
-            module = self.get_submodule(expert.group(1))
-            return [f"{expert.group(1)}:{module.load_expert_weight(int(expert.group(2)), expert.group(3), tensor)}"]
-        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
-            default_weight_loader(params[name], tensor)
-            module = self.get_submodule(name.rsplit(".", 1)[0])
-            which = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
-            return [f"{name.rsplit('.', 1)[0]}:{w}:{e}" for w in which for e in range(module.num_experts)]
-        return None
-
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set:
         params = dict(self.named_parameters(remove_duplicate=False))
         return load_weights_into(self, weights, self.stacked_params_mapping, canonical=self._canonical,
-                                 special=lambda name, tensor: self._load_experts(params, name, tensor),
+                                 special=lambda name, tensor: load_expert_tensor(self, params, name, tensor),
                                  skip_merged=lambda name: ".experts." in name)
 
     def expected_weight_keys(self) -> set:
-        out = expected_weight_keys(self, skip=lambda name: ".experts." in name)
-        for name, module in self.named_modules():
-            if hasattr(module, "expected_keys") and hasattr(module, "load_expert_weight"):
-                out.update(f"{name}:{k}" for k in module.expected_keys())
-        return out
+        return expected_weight_keys(self, skip=lambda name: ".experts." in name) | expert_weight_keys(self)
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):

@@ -350,6 +350,24 @@ def handle_hicache(sa) -> None:
         sa._declare(src, hicache_mem_layout=new_layout)
 
 
+def handle_data_parallelism(sa) -> None:
+    """`--dp-size N`: N scheduler replicas behind one tokenizer (`managers/data_parallel_controller.py`).
+    On a PD prefill server each replica registers its KV rank with the bootstrap server under its
+    dp rank, and the decode side finds a request's replica as `bootstrap_room % dp_size`: the
+    prefill's dispatch must follow that rule (upstream's `follow_bootstrap_room`, its default
+    there); upstream's room registration for the other methods is not implemented."""
+    cfg = sa._view()
+    if cfg.dp_size < 1:
+        raise ValueError(f"--dp-size must be at least 1, got {cfg.dp_size}.")
+    if cfg.dp_size > 1 and cfg.disaggregation_mode == "prefill" and cfg.load_balance_method not in (
+            "auto", "follow_bootstrap_room"):
+        raise ValueError(
+            f"--load-balance-method {cfg.load_balance_method} is not supported on a PD prefill server with "
+            f"--dp-size {cfg.dp_size}: the decode server finds a request's prefill replica as "
+            "bootstrap_room % dp_size. Use follow_bootstrap_room (the default on a prefill server)."
+        )
+
+
 def handle_load_balance_method(sa) -> None:
     cfg = sa._view()
     if cfg.load_balance_method == "auto":
@@ -531,6 +549,7 @@ RESOLUTION_PIPELINE = (
     page_size_default,
     grammar_backend_default,
     handle_hicache,
+    handle_data_parallelism,
     handle_load_balance_method,
     handle_speculative_decoding,
     handle_cache_compatibility,

@@ -123,9 +123,6 @@ class NoEffectFields:
     tp_size: int = arg(1, "The tensor parallelism size.", aliases=("--tensor-parallel-size",),
         no_effect=_ONE_DEVICE,
     )
-    dp_size: int = arg(1, "The data parallelism size.", aliases=("--data-parallel-size",),
-        no_effect=_ONE_DEVICE,
-    )
     pp_size: int = arg(1, "The pipeline parallelism size.", aliases=("--pipeline-parallel-size",),
         no_effect=_ONE_DEVICE,
     )
