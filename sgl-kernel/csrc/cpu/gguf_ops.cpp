@@ -13,9 +13,9 @@ namespace sglk {
 namespace {
 
 // Activation rows up to which the row kernel runs; beyond, the panel path (gguf_impl.h). Measured
-// on the default model's shapes (docs/gguf.md): the row kernel re-reads the activations once per
-// output and falls behind the panel GEMM from ~8 rows on every ISA measured.
-constexpr int64_t kRowKernelMaxRows = 4;
+// on the default model's MLP shape (docs/gguf.md): the panel path pays a transpose of each
+// dequantized panel (~2x the row kernel at 1-8 rows) and wins from ~32 rows (3x at 128).
+constexpr int64_t kRowKernelMaxRows = 16;
 
 GgufType gguf_type_of(int64_t t, const char* op) {
     const GgufType g = static_cast<GgufType>(t);

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from sglang.srt.configs.gguf_file import gguf_config_dict, is_gguf_file
 from sglang.srt.model_loader.weight_utils import list_safetensors_files, safetensors_weights_iterator
 from sglang.srt.models.registry import ModelRegistry
 
@@ -92,6 +93,9 @@ def check_model_servable(model_path: str) -> None:
 def load_hf_config(model_path: str):
     from transformers import AutoConfig
 
+    if is_gguf_file(model_path):  # the config its metadata describes (configs/gguf_file.py)
+        cfg = dict(gguf_config_dict(model_path))
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     return AutoConfig.from_pretrained(model_path, trust_remote_code=False)
 
 
@@ -116,8 +120,13 @@ def get_model(model_config, dtype: torch.dtype, device: str = "cpu", hf_config: 
     model_cls = ModelRegistry.resolve_model_cls(archs)
     with _default_dtype(dtype), torch.device(device):
         model = model_cls(hf_config, model_config)
-    files = list_safetensors_files(model_config.model_path)
-    loaded = model.load_weights(safetensors_weights_iterator(files, show_progress=show_progress))
+    if is_gguf_file(model_config.model_path):
+        from sglang.srt.model_loader.gguf_loader import load_gguf_weights
+
+        loaded = load_gguf_weights(model, model_config.model_path, dtype)
+    else:
+        files = list_safetensors_files(model_config.model_path)
+        loaded = model.load_weights(safetensors_weights_iterator(files, show_progress=show_progress))
     if hasattr(model, "expected_weight_keys"):
         missing = sorted(model.expected_weight_keys() - set(loaded))
         if missing:
