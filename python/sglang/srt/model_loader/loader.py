@@ -67,10 +67,19 @@ class ModelConfigError(ValueError):
 def check_model_servable(model_path: str) -> None:
     """What start-up checks before any process is spawned (and `check_server_args` too): the
     architecture is one the registry has (upstream's message otherwise) and the RoPE scaling is
-    one the rotary embedding computes. Skips folders without a config.json ("default")."""
+    one the rotary embedding computes; a GGUF file's header and metadata are read and checked.
+    Skips folders without a config.json ("default")."""
     import json
     import os
 
+    if is_gguf_file(model_path):  # its header and metadata: type, truncation, architecture (one line each)
+        from sglang.srt.configs.gguf_file import GGUFError
+
+        try:
+            gguf_config_dict(str(model_path))
+        except GGUFError as e:
+            raise ModelConfigError(str(e)) from None
+        return
     path = os.path.join(str(model_path), "config.json")
     if not os.path.isfile(path):
         return
