@@ -88,7 +88,15 @@ def test_default_model_matches_transformers_on_the_same_file(default_pair):
 
     tok = load_tokenizer(Args())
     assert tok.chat_template and tok.eos_token == "<|im_end|>"
+    from transformers import AutoTokenizer
+
     from sglang.test.runner_utils import greedy_generate
+
+    folder, name = split_gguf_path(path)
+    hf_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)  # what upstream loads
+    text = "<|im_start|>user\nÜnïcode 日本 123  spaces\t tab<|im_end|>"
+    assert tok(text).input_ids == hf_tok(text).input_ids and tok.chat_template == hf_tok.chat_template
+    assert tok.all_special_ids == hf_tok.all_special_ids and len(tok) == len(hf_tok)
 
     same, worst = 0, 0.0
     for prompt in PROMPTS:
