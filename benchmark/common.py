@@ -153,12 +153,17 @@ def cache_dir() -> str:
 
 
 def resolve_model(name: str) -> str:
-    """"default" -> converted SmolLM2-135M-Instruct folder; "tiny" -> the tiny random Llama;
-    anything else is a path to an HF model folder."""
+    """"default" -> SmolLM2-135M-Instruct's shipped Q4_1 GGUF file; "default-dense" -> its
+    dequantized fp32 HF folder (the bf16 reference); "tiny" -> the tiny random Llama; anything else
+    is a path to an HF model folder or a GGUF file."""
     if name == "default":
-        from sglang.srt.model_loader.default_model import ensure_default_model
+        from sglang.srt.model_loader.default_model import default_model_path
 
-        return ensure_default_model()
+        return default_model_path()
+    if name == "default-dense":
+        from sglang.srt.model_loader.default_model import ensure_dense_default_model
+
+        return ensure_dense_default_model()
     if name.startswith("tiny-") and name[5:] in ("nemotron_h", "falcon_h1"):  # tiny hybrid SSM models
         path = os.path.join(cache_dir(), name)
         if not os.path.exists(os.path.join(path, "config.json")):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["ops.cpp", "linear_ops.cpp", "decode_layer.cpp", "moe_ops.cpp", "isa_generic.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512bf16.cpp",
+SOURCES = ["ops.cpp", "linear_ops.cpp", "decode_layer.cpp", "moe_ops.cpp", "gguf_ops.cpp", "isa_generic.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512bf16.cpp",
            "isa_amx.cpp"]
 BUILD_DIR = HERE / "build"
 NAME = "sgl_kernel_cpu"

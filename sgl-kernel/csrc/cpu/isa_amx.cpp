@@ -18,5 +18,6 @@ constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "amx_tiles.h"
 #include "attention_impl.h"
 #include "panels_impl.h"
+#include "gguf_impl.h"
 }  // namespace amx
 }  // namespace sglk

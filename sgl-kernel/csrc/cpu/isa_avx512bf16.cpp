@@ -12,5 +12,6 @@ constexpr int kVecBytes = SGLK_VEC_BYTES;
 #include "kernels_impl.h"
 #include "attention_impl.h"
 #include "panels_impl.h"
+#include "gguf_impl.h"
 }  // namespace avx512bf16
 }  // namespace sglk

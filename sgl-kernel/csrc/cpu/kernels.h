@@ -48,6 +48,52 @@ struct LinearArgs {
     int32_t* argmax_index = nullptr;
 };
 
+// GGUF (llama.cpp) tensor types, with ggml's enum values (gguf_impl.h has their block layouts).
+enum class GgufType : int {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
+    Q5_K = 13, Q6_K = 14, BF16 = 30
+};
+// Values per block and bytes per block (0: a type these kernels do not read).
+inline int64_t gguf_block_values(GgufType t) {
+    switch (t) {
+        case GgufType::F32: case GgufType::F16: case GgufType::BF16: return 1;
+        case GgufType::Q4_0: case GgufType::Q4_1: case GgufType::Q5_0: case GgufType::Q5_1: case GgufType::Q8_0: return 32;
+        case GgufType::Q2_K: case GgufType::Q3_K: case GgufType::Q4_K: case GgufType::Q5_K: case GgufType::Q6_K: return 256;
+    }
+    return 0;
+}
+inline int64_t gguf_block_bytes(GgufType t) {
+    switch (t) {
+        case GgufType::F32: return 4;
+        case GgufType::F16: case GgufType::BF16: return 2;
+        case GgufType::Q4_0: return 18;
+        case GgufType::Q4_1: return 20;
+        case GgufType::Q5_0: return 22;
+        case GgufType::Q5_1: return 24;
+        case GgufType::Q8_0: return 34;
+        case GgufType::Q2_K: return 84;
+        case GgufType::Q3_K: return 110;
+        case GgufType::Q4_K: return 144;
+        case GgufType::Q5_K: return 176;
+        case GgufType::Q6_K: return 210;
+    }
+    return 0;
+}
+
+// y [M, N] = x @ dequantize(q).T + bias, q [N, ldq bytes] of GGUF blocks (gguf_impl.h).
+struct GgufLinearArgs {
+    const float* x;      // [M, K] fp32 activations (row stride ldx)
+    int64_t M, K, ldx;
+    const uint8_t* q;    // [N, ldq] blocks, K values per row
+    int64_t ldq;
+    GgufType qtype;
+    const float* bias;   // [N] or nullptr
+    void* y;             // [M, N] of ytype (row stride ldy)
+    int64_t ldy;
+    DType ytype;
+    bool round_to_bf16;  // fp32 y: each output rounded to bf16 first (as LinearArgs)
+};
+
 struct NormArgs {
     const void* x;           // [rows, H] (row stride ldx)
     const void* residual;    // [rows, H] or nullptr (row stride ldr)
@@ -129,6 +175,12 @@ struct ExtendAttnArgs {
     int vector_lanes();                                                                   \
     void argmax_rows(const void* x, int64_t ld, int64_t V, DType dt, int64_t* out,         \
                      int64_t row_begin, int64_t row_end);                                 \
+    void gguf_dequantize(GgufType t, const uint8_t* q, int64_t ldq, int64_t K, float* out,  \
+                         int64_t row_begin, int64_t row_end);                             \
+    void gguf_linear_rows(const GgufLinearArgs& a, float* wbuf, int64_t n_begin,          \
+                          int64_t n_end);                                                 \
+    void gguf_linear_panels(const GgufLinearArgs& a, float* panel_buf, float* row_buf,    \
+                            int64_t p_begin, int64_t p_end);                              \
     }
 
 SGLK_DECLARE_KERNELS(generic)

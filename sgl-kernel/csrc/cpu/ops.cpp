@@ -25,7 +25,8 @@ namespace {
 #define SGLK_TABLE(ns) \
     Kernels { #ns, &ns::linear, &ns::linear_reads_bf16, &ns::linear_panels, &ns::rmsnorm, &ns::silu_and_mul, &ns::rope, \
               &ns::decode_attention_split, &ns::decode_attention_combine, &ns::extend_attention, \
-              &ns::vector_lanes, &ns::argmax_rows }
+              &ns::vector_lanes, &ns::argmax_rows, &ns::gguf_dequantize, &ns::gguf_linear_rows, \
+              &ns::gguf_linear_panels }
 
 bool cpu_has_avx512() {
     __builtin_cpu_init();
@@ -493,6 +494,9 @@ TORCH_LIBRARY(sgl_kernel, m) {
     m.def("linear_silu_mul(Tensor x, Tensor w, Tensor? w_scale, Tensor? bias) -> Tensor");
     m.def("linear_argmax(Tensor x, Tensor w, Tensor? bias, bool round_to_x=True) -> Tensor");
     m.def("pack_linear_weight(Tensor w) -> Tensor");
+    m.def("gguf_linear(Tensor x, Tensor q, int qtype, int K, Tensor? bias, ScalarType? out_dtype=None, "
+          "bool round_to_x=True, int row_kernel_max_rows=-1) -> Tensor");
+    m.def("gguf_dequantize(Tensor q, int qtype, int K) -> Tensor");
     m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("silu_and_mul(Tensor x) -> Tensor");
@@ -513,6 +517,8 @@ TORCH_LIBRARY_IMPL(sgl_kernel, CPU, m) {
     m.impl("linear_silu_mul", &sglk::linear_silu_mul);
     m.impl("linear_argmax", &sglk::linear_argmax);
     m.impl("pack_linear_weight", &sglk::pack_linear_weight);
+    m.impl("gguf_linear", &sglk::gguf_linear);
+    m.impl("gguf_dequantize", &sglk::gguf_dequantize);
     m.impl("rmsnorm", &sglk::rmsnorm);
     m.impl("add_rmsnorm", &sglk::add_rmsnorm);
     m.impl("silu_and_mul", &sglk::silu_and_mul);

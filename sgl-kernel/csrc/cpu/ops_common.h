@@ -21,6 +21,9 @@ struct Kernels {
     decltype(&generic::extend_attention) extend_attention;
     decltype(&generic::vector_lanes) vector_lanes;
     decltype(&generic::argmax_rows) argmax_rows;
+    decltype(&generic::gguf_dequantize) gguf_dequantize;
+    decltype(&generic::gguf_linear_rows) gguf_linear_rows;
+    decltype(&generic::gguf_linear_panels) gguf_linear_panels;
 };
 
 Kernels& kernels();  // the set this CPU runs (or the one use_isa chose)
@@ -51,6 +54,11 @@ at::Tensor linear_silu_mul(const at::Tensor& x, const at::Tensor& w, const c10::
                            const c10::optional<at::Tensor>& bias);
 at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          bool round_to_x);
+// GGUF blocks (gguf_ops.cpp): y = x @ dequantize(q).T + bias, and the dequantized rows.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& q, int64_t qtype, int64_t K,
+                       const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype,
+                       bool round_to_x, int64_t row_kernel_max_rows);
+at::Tensor gguf_dequantize(const at::Tensor& q, int64_t qtype, int64_t K);
 LinearWeights linear_weights(const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                              const c10::optional<at::Tensor>& bias, int64_t K, const char* op);
 

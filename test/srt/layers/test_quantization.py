@@ -1,5 +1,6 @@
 """--quantization w8a16_int8: the per-channel int8 weights, the layers' use of them, and the default
-model's greedy text (the README prompt) against the unquantized bf16 model."""
+model's greedy text (the README prompt), int8 and from its GGUF blocks, against the unquantized
+bf16 model."""
 
 import pytest
 import torch
@@ -48,25 +49,40 @@ def test_layer_uses_int8_weights_for_decode_rows_and_float_weights_beyond(dtype)
 @needs_kernel
 @pytest.mark.server
 def test_default_model_greedy_text_and_logprobs_match_bf16():
-    """The documented tolerance: same greedy text on the README prompt, and the chosen tokens'
-    logprobs within 0.5 nats of the bf16 model's (0.1 on average; measured: max 0.28)."""
+    """The default model's quantized paths against its unquantized bf16 reference (the dense copy
+    of the dequantized Q4_1 weights, in bf16): served from its GGUF file (Q4_1 blocks multiplied
+    by sgl_kernel.gguf_linear, bf16 activations) and `--quantization w8a16_int8` on the dense
+    copy. The documented tolerance: same greedy text on the README prompt, and the chosen tokens'
+    logprobs within 0.5 nats of the bf16 model's (0.1 on average; measured: max 0.28 for int8)."""
     import sglang as sgl
+    from sglang.srt.model_loader.default_model import ensure_dense_default_model
 
+    dense = ensure_dense_default_model()
     prompt, params = "The capital of France is", {"max_new_tokens": 16, "temperature": 0}
     outs = {}
-    for quant in (None, "w8a16_int8"):
-        llm = sgl.Engine(model_path="default", dtype="bfloat16", quantization=quant, max_total_tokens=2048)
+    for name, path, quant in (("bf16", dense, None), ("w8a16_int8", dense, "w8a16_int8"), ("gguf", "default", None)):
+        llm = sgl.Engine(model_path=path, dtype="bfloat16", quantization=quant, max_total_tokens=2048)
         try:
-            outs[quant] = llm.generate(prompt, params, return_logprob=True)
+            outs[name] = llm.generate(prompt, params, return_logprob=True)
         finally:
             llm.shutdown()
-    ref, got = outs[None], outs["w8a16_int8"]
-    assert got["text"] == ref["text"], (got["text"], ref["text"])
+    ref = outs["bf16"]
     ref_lp = [t[0] for t in ref["meta_info"]["output_token_logprobs"]]
-    got_lp = [t[0] for t in got["meta_info"]["output_token_logprobs"]]
-    diffs = [abs(a - b) for a, b in zip(ref_lp, got_lp)]
-    print(f"w8a16_int8 vs bf16 logprob diffs: max {max(diffs):.3f}, mean {sum(diffs) / len(diffs):.3f}")
-    assert max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1, (ref_lp, got_lp)
+    for name in ("w8a16_int8", "gguf"):
+        got = outs[name]
+        assert got["text"] == ref["text"], (name, got["text"], ref["text"])
+        got_lp = [t[0] for t in got["meta_info"]["output_token_logprobs"]]
+        diffs = [abs(a - b) for a, b in zip(ref_lp, got_lp)]
+        print(f"{name} vs bf16 logprob diffs: max {max(diffs):.3f}, mean {sum(diffs) / len(diffs):.3f}")
+        assert max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1, (name, ref_lp, got_lp)
+
+
+def test_int8_quantization_of_a_gguf_model_is_refused():
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    with pytest.raises(ValueError, match="GGUF-quantized already"):
+        ModelRunner("default", quantization="w8a16_int8", max_total_tokens=256, max_running_requests=1,
+                    disable_tqdm=True)
 
 
 def test_flag_accepts_the_fork_method_and_refuses_others(capsys):

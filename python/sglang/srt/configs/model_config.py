@@ -84,6 +84,10 @@ def num_labels_of(config) -> int:
 
 
 def read_hf_config_dict(model_path: str) -> dict:
+    from sglang.srt.configs.gguf_file import gguf_config_dict, is_gguf_file
+
+    if is_gguf_file(model_path):  # a GGUF file: the config its metadata describes
+        return dict(gguf_config_dict(model_path))
     path = os.path.join(model_path, "config.json")
     with open(path) as f:
         return json.load(f)

@@ -42,6 +42,8 @@ def _linear_args(linear, rows: int, dtype: torch.dtype) -> Optional[tuple]:
     """(weight, scale, bias) as layers/linear.py's `linear` would multiply `rows` rows with the
     small-M kernel, or None when it would take another path (oneDNN, F.linear). The bias is the
     fp32 copy the kernel adds (made once here rather than per call)."""
+    if linear.gguf_weight is not None:  # GGUF blocks: the modules run sgl_kernel.gguf_linear
+        return None
     bias = None if linear.bias is None else linear.bias.float()
     if linear.int8_weight is not None and rows <= cpu_ops.linear_max_rows(torch.int8):
         return linear.int8_weight[0], linear.int8_weight[1], bias

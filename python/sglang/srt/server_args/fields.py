@@ -76,6 +76,13 @@ class ModelFields:
     skip_tokenizer_init: bool = arg(
         False, "If set, skip init tokenizer and pass input_ids in generate request."
     )
+    load_format: str = arg(
+        "auto",
+        "The format of the model weights to load. 'dummy' initializes the weights randomly (for profiling). "
+        "Fork: auto (a GGUF file as --model-path is read as GGUF, a folder as safetensors), safetensors and "
+        "gguf act; the others are refused.",
+        choices=C.LOAD_FORMAT_CHOICES,
+    )
     trust_remote_code: bool = arg(False, "Whether or not to allow custom models defined on the Hub in their own modeling files.")
     context_length: Optional[int] = arg(
         None,

@@ -368,6 +368,31 @@ def handle_data_parallelism(sa) -> None:
         )
 
 
+LOAD_FORMATS_HERE = ("auto", "safetensors", "gguf")
+
+
+def handle_load_format(sa) -> None:
+    """--load-format: auto reads a GGUF file as GGUF (as upstream's `check_gguf_file`) and a folder
+    as safetensors; gguf needs a GGUF file (the packaged default model is one); the other formats
+    are refused in one line."""
+    cfg = sa._view()
+    fmt = cfg.load_format
+    if fmt not in LOAD_FORMATS_HERE:
+        raise ValueError(f"--load-format {fmt} is not supported by this server; use one of "
+                         f"{', '.join(LOAD_FORMATS_HERE)}")
+    if fmt == "auto":
+        return
+    from sglang.srt.configs.gguf_file import is_gguf_file
+
+    path = cfg.model_path
+    gguf = path in (None, "default") or is_gguf_file(path)
+    if fmt == "gguf" and not gguf:
+        raise ValueError(f"--load-format gguf needs a GGUF file as --model-path; {path} is not one")
+    if fmt == "safetensors" and gguf:
+        raise ValueError(f"--load-format safetensors cannot read {path or 'the default model'}: it is a GGUF file "
+                         "(use --load-format gguf or auto)")
+
+
 def handle_load_balance_method(sa) -> None:
     cfg = sa._view()
     if cfg.load_balance_method == "auto":
@@ -553,6 +578,7 @@ RESOLUTION_PIPELINE = (
     handle_load_balance_method,
     handle_speculative_decoding,
     handle_cache_compatibility,
+    handle_load_format,
 )
 
 

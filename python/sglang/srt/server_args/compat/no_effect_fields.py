@@ -24,12 +24,6 @@ _NO_GRAPHS = "no CUDA graphs or torch.compile"
 @dataclasses.dataclass
 class NoEffectFields:
     # --- from upstream's model fields
-    load_format: str = arg(
-        "auto",
-        "The format of the model weights to load. 'dummy' initializes the weights randomly (for profiling).",
-        choices=C.LOAD_FORMAT_CHOICES,
-        no_effect="weights always load from safetensors (or the packaged default model)",
-    )
     revision: Optional[str] = arg(None, "The specific model version to use (branch name, tag name, or commit id).",
         no_effect="no model hub: --model-path is a local folder",
     )
