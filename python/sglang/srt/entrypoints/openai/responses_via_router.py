@@ -8,6 +8,12 @@ turn to the router's `/v1/chat/completions` and shapes the answer exactly as a p
 Responses API would; the conversation store stays in this server. Outputs come back in the
 TokenizerManager's form (`{"text": cumulative text, "meta_info": {...}}`), so the same code builds
 the response object and the stream events.
+
+`/v1/messages` (Anthropic's API, `entrypoints/anthropic/`) is the same case: the real router has no
+such route. Its relay, `generate_through_router`, posts the request already turned into token ids
+and sampling params (template and constraints applied here) to the router's `/generate`, whose
+outputs are the TokenizerManager's own; the tool-call and reasoning parsers then run here, on the
+raw text, exactly as on a plain server.
 """
 
 from __future__ import annotations
@@ -39,12 +45,41 @@ def _meta(usage: Optional[dict], finish: Optional[str]) -> dict:
             "finish_reason": {"type": finish} if finish else None}
 
 
+def _headers(api_key: Optional[str]) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def generate_through_router(base_url: str, body: dict, api_key: Optional[str] = None) -> AsyncIterator[dict]:
+    """Runs `body` (a native /generate request for one sequence) at `base_url`; yields its outputs
+    as the router's /generate gives them (the TokenizerManager's shape, cumulative text; one when
+    not streaming). A non-200 answer raises RouterError before anything is yielded; an error in
+    the stream raises RuntimeError."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(base_url.rstrip("/") + "/generate", json=body, headers=_headers(api_key)) as resp:
+            if resp.status != 200:
+                raise RouterError(resp.status, _message(resp.status, await resp.read()))
+            if not body.get("stream"):
+                yield await resp.json()
+                return
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                out = json.loads(line[6:])
+                if "error" in out:
+                    raise RuntimeError(_message(500, line[6:]))
+                yield out
+
+
 async def chat_through_router(base_url: str, body: dict, api_key: Optional[str] = None) -> AsyncIterator[dict]:
     """Runs `body` (a chat completion request) at `base_url`; yields TokenizerManager-shaped outputs
     (one when not streaming). A non-200 answer raises RouterError before anything is yielded."""
     import aiohttp
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = _headers(api_key)
     stream = bool(body.get("stream"))
     if stream:
         body = {**body, "stream_options": {"include_usage": True}}
