@@ -445,7 +445,20 @@ def _check_lmcache(cfg) -> None:
         raise NotImplementedError("LMCacheUnifiedRadixCache currently supports colocated prefill/decode scheduling only")
 
 
-# Upstream's pipeline order (reference 1.2), restricted to the rules above.
+def check_parsers_implemented(sa) -> None:
+    """(This fork.) Every upstream parser name is a valid choice; one whose format is not
+    implemented here stops the start-up with a message that names it and lists what is."""
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    for flag, name, implemented in (("--tool-call-parser", sa.tool_call_parser, FunctionCallParser.ToolCallParserEnum),
+                                    ("--reasoning-parser", sa.reasoning_parser, ReasoningParser.DetectorMap)):
+        if name and name != "auto" and name not in implemented:
+            raise ValueError(f"{flag} {name}: upstream's parser of that name is not implemented by this server. "
+                             f"Implemented: {', '.join(sorted(implemented))}.")
+
+
+# Upstream's pipeline order (reference 1.2), restricted to the rules above (and this fork's parser check).
 RESOLUTION_PIPELINE = (
     handle_hicache_ratio_default,
     handle_missing_default_values,
@@ -460,6 +473,7 @@ RESOLUTION_PIPELINE = (
     handle_hicache,
     handle_load_balance_method,
     handle_cache_compatibility,
+    check_parsers_implemented,
 )
 
 
