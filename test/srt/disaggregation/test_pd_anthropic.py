@@ -3,7 +3,9 @@ model, real sglang-router), with the official `anthropic` client. The real route
 /v1/messages, so the decode server serves it by running the request through the router's
 /generate (`responses_via_router.generate_through_router`) and parsing the text itself: the same
 greedy text as the router's chat completion, Anthropic's stream grammar, tool_choice any/tool
-calls that validate against the input_schema, a tool_result turn, count_tokens and the error shape."""
+calls that validate against the input_schema, a tool_result turn, count_tokens and the error shape.
+`/v1/responses` takes the same way (the router answers 501 for it): a function tool's call and its
+`function_call_output` round trip."""
 
 import os
 import subprocess
@@ -104,3 +106,22 @@ def test_tools_and_a_tool_result_turn_through_the_router(pd):
         create(pd, messages=[{"role": "system", "content": "x"}])
     assert e.value.body["error"]["type"] == "invalid_request_error"
     assert_pools_restored([pd["prefill"], pd["decode"]])
+
+
+def test_responses_function_tool_round_trip_through_the_router(pd):
+    from sglang.test.structured_output_cases import TOOLS as CHAT_TOOLS, check_call
+
+    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+             for t in CHAT_TOOLS]
+    client = openai.OpenAI(base_url=pd["decode"] + "/v1", api_key="x", max_retries=0, timeout=300)
+    first = client.responses.create(model="default", input="Weather in Paris?", tools=tools, max_output_tokens=80,
+                                    tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    check_call(call.name, call.arguments)
+    second = client.responses.create(model="default", previous_response_id=first.id, tools=tools, tool_choice="none",
+                                     input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}],
+                                     max_output_tokens=12, temperature=0)
+    assert second.status == "completed" and second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens
+    client.close()

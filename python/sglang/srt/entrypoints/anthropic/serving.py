@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from typing import Optional
 
 import orjson
 from fastapi import Request
