@@ -177,3 +177,25 @@ def test_stream_blocks_plain_text_and_a_malformed_call():
 ])
 def test_stop_reasons(finish, matched, called, expected):
     assert stop_reason(finish, matched, called) == expected
+
+
+def test_a_body_over_the_limit_is_a_413_in_anthropics_shape():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sglang.srt.entrypoints.request_body import BodySizeLimit
+
+    app = FastAPI()
+    app.add_middleware(BodySizeLimit, limit=16)
+
+    @app.post("/v1/messages")
+    @app.post("/v1/chat/completions")
+    async def route():
+        return {}
+
+    client = TestClient(app)
+    r = client.post("/v1/messages", content=b"x" * 100)
+    assert r.status_code == 413 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "request_too_large"
+    r = client.post("/v1/chat/completions", content=b"x" * 100)
+    assert r.status_code == 413 and r.json()["type"] == "RequestEntityTooLarge"
