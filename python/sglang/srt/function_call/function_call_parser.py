@@ -121,6 +121,18 @@ def _tool_schema(function: dict) -> dict:
     }
 
 
+def _tool_schema_defs(functions: List[dict]) -> dict:
+    """The `$defs` of all the tools' parameters, merged; one name with two schemas is refused
+    (upstream's `_get_tool_schema_defs`, message included)."""
+    merged: Dict[str, Any] = {}
+    for function in functions:
+        for name, schema in ((function.get("parameters") or {}).get("$defs") or {}).items():
+            if name in merged and merged[name] != schema:
+                raise ValueError(f"Tool definition '{name}' has multiple schemas, which is not supported.")
+            merged[name] = schema
+    return merged
+
+
 def get_json_schema_constraint(tools: list, tool_choice: Any, parallel_tool_calls: bool = True) -> Optional[dict]:
     """The JSON schema that constrains the output for `tool_choice`: "required" -> a non-empty
     array of `{"name", "parameters"}` objects, one `anyOf` branch per tool (at most one item when
@@ -135,6 +147,9 @@ def get_json_schema_constraint(tools: list, tool_choice: Any, parallel_tool_call
         }
         if not parallel_tool_calls:
             schema["maxItems"] = 1
+        defs = _tool_schema_defs(functions)
+        if defs:  # the tools' `$ref: "#/$defs/..."` resolve against this root (upstream hoists them)
+            schema["$defs"] = defs
         return schema
     name = _named_function(tool_choice)
     if name is not None:
