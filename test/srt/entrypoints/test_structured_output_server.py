@@ -124,6 +124,7 @@ def test_native_generate_json_schema_and_logprobs(server):
     ({"extra_body": {"ebnf": "root ::= missing_rule"}}, "Invalid ebnf"),
     ({"extra_body": {"regex": "a+", "ebnf": 'root ::= "a"'}}, "Only one of regex, json_schema, or ebnf can be set."),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}]}, "tools.0.function.name"),
 ])
 def test_bad_spec_is_400_and_server_keeps_serving(server, body, words):
     with pytest.raises(openai.BadRequestError) as e:
