@@ -269,6 +269,17 @@ def test_custom_logit_processor_forces_a_token(server):
     r = requests.post(server["url"] + "/generate", headers=admin, timeout=60, json={
         "input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}", "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 400 and "Invalid custom_logit_processor" in r.text
+    # the OpenAI routes take it too (upstream), with the same admin-key rule
+    admin_client = openai.OpenAI(base_url=server["url"] + "/v1", api_key=ADMIN_KEY, max_retries=0, timeout=120)
+    extra = {"custom_logit_processor": force_token, "custom_params": {"token_id": 42}}
+    c = admin_client.completions.create(model="default", prompt="Hi", max_tokens=4, temperature=0.9, extra_body=extra)
+    tok = requests.post(server["url"] + "/v1/detokenize", json={"tokens": [42] * 4}, timeout=30).json()["text"]
+    assert c.choices[0].text == tok
+    r = admin_client.chat.completions.create(model="default", messages=ASK, max_tokens=4, extra_body=extra)
+    assert r.choices[0].message.content == tok
+    with pytest.raises(openai.PermissionDeniedError):
+        server["client"].chat.completions.create(model="default", messages=ASK, max_tokens=4, extra_body=extra)
+    admin_client.close()
 
 
 def test_parse_function_call_and_separate_reasoning_routes(server):
