@@ -14,8 +14,7 @@ import sys
 import pytest
 import requests
 
-from sglang.test.anthropic_cases import (CAPITAL_ASK, TOOLS, WEATHER_ASK, check_tool_use, collect_events,
-                                          sse_event_names)
+from sglang.test.anthropic_cases import CAPITAL_ASK, TOOLS, WEATHER_ASK, check_tool_use, collect_events
 from sglang.test.fuzz.runner import assert_pools_restored
 from sglang.test.server_utils import find_free_port, wait_for_health
 
@@ -73,21 +72,14 @@ def test_router_has_no_messages_route_the_decode_server_serves_it(pd):
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == ref.usage.prompt_tokens
     count = pd["client"].messages.count_tokens(model="default", system="Be brief.", messages=CAPITAL_ASK)
     assert count.input_tokens == ref.usage.prompt_tokens
-    r = create(pd, stop_sequences=["Paris"], extra_body=GREEDY)
-    assert r.stop_reason == "stop_sequence" and r.stop_sequence == "Paris" and "Paris" not in r.content[0].text
     got = collect_events(create(pd, system="Be brief.", stream=True, extra_body=GREEDY))
     assert [b["text"] for b in got["blocks"]] == [msg.content[0].text]
     assert got["stop_reason"] == msg.stop_reason and got["usage"].output_tokens == msg.usage.output_tokens
-    body = {"model": "default", "max_tokens": 8, "messages": CAPITAL_ASK, "stream": True, **GREEDY}
-    with requests.post(pd["decode"] + "/v1/messages", json=body, stream=True, timeout=120) as raw:
-        names = sse_event_names(raw)
-    assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-2:] == ["message_delta",
-                                                                                             "message_stop"]
 
 
 def test_tools_and_a_tool_result_turn_through_the_router(pd):
-    r = create(pd, messages=WEATHER_ASK, tools=TOOLS, tool_choice={"type": "any"}, max_tokens=120,
-               extra_body={"temperature": 0.7})
+    r = create(pd, messages=WEATHER_ASK, tools=TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True},
+               max_tokens=80, extra_body=GREEDY)
     assert r.stop_reason == "tool_use" and r.content
     for block in r.content:
         check_tool_use(block)
