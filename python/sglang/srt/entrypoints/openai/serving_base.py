@@ -241,7 +241,7 @@ def passthrough_fields(req) -> Dict[str, Any]:
         bootstrap_room=req.bootstrap_room,
         bootstrap_pair_key=req.bootstrap_pair_key,
         return_hidden_states=req.return_hidden_states,
-        custom_logit_processor=getattr(req, "custom_logit_processor", None),
+        custom_logit_processor=req.custom_logit_processor,
     )
 
 
@@ -379,7 +379,7 @@ class OpenAIServingBase:
         if error:
             return create_error_response(error)
         refusal = custom_logit_processor_refusal(self.ctx.server_args, request_role(raw_request),
-                                                 getattr(request, "custom_logit_processor", None))
+                                                 request.custom_logit_processor)
         if refusal:  # it runs the client's code: the admin key only, as on /generate
             return create_error_response(refusal, err_type="Forbidden", status_code=403)
         dead = self.ctx.dead_reason()
