@@ -492,9 +492,11 @@ def test_previous_response_id_continues_the_stored_conversation(server):
 
 @pytest.mark.parametrize("body, needle", [
     ({"model": "tiny-test"}, "input"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]}, "function_call_output"),
+    ({"input": [{"type": "function_call_output", "output": "o"}]}, "needs a 'call_id'"),
+    ({"input": [{"type": "image_generation_call", "id": "x"}]}, "image_generation_call"),
     ({"input": "x", "background": True}, "Background"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "Tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "hosted tools"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "mcp"}}, "tool_choice"),
 ])
 def test_responses_refusals_are_400s_in_the_nested_envelope(server, body, needle):
     r = requests.post(server["url"] + "/v1/responses", json=body, timeout=30)

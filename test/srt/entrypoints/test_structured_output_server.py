@@ -124,6 +124,7 @@ def test_native_generate_json_schema_and_logprobs(server):
     ({"extra_body": {"ebnf": "root ::= missing_rule"}}, "Invalid ebnf"),
     ({"extra_body": {"regex": "a+", "ebnf": 'root ::= "a"'}}, "Only one of regex, json_schema, or ebnf can be set."),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}]}, "tools.0.function.name"),
 ])
 def test_bad_spec_is_400_and_server_keeps_serving(server, body, words):
     with pytest.raises(openai.BadRequestError) as e:
@@ -182,6 +183,56 @@ def test_tool_choice_auto_parses_the_call(server):
     assert "<tool_call>" in r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+# --------------------------------------------------------------------------- responses with tools
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_responses_function_call_and_its_output_round_trip(server):
+    client = server["client"]
+    named = {"type": "function", "name": "get_weather"}
+    first = client.responses.create(model="default", input="What is the weather in Paris?", tools=RESPONSES_TOOLS,
+                                    tool_choice=named, max_output_tokens=80, temperature=0)
+    (call,) = first.output
+    assert first.status == "completed" and call.type == "function_call" and call.name == "get_weather"
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    check_call(call.name, call.arguments)
+    # the same turn streamed: the call's arguments arrive in pieces, then whole
+    events = list(client.responses.create(model="default", input="What is the weather in Paris?",
+                                          tools=RESPONSES_TOOLS, tool_choice=named, max_output_tokens=80,
+                                          temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == call.arguments == events[-3].arguments
+    assert events[-1].response.output[0].arguments == call.arguments
+    # the client runs the tool and sends its output back with the call (stateless), then by previous_response_id
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees and sunny"}
+    history = [{"type": "message", "role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               result]
+    stateless = client.responses.create(model="default", input=history, tools=RESPONSES_TOOLS, max_output_tokens=24,
+                                        temperature=0, tool_choice="none")
+    stored = client.responses.create(model="default", input=[result], previous_response_id=first.id,
+                                     tools=RESPONSES_TOOLS, max_output_tokens=24, temperature=0, tool_choice="none")
+    as_chat = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": call.call_id, "type": "function", "function": {
+                   "name": call.name, "arguments": call.arguments}}]},
+               {"role": "tool", "tool_call_id": call.call_id, "content": "18 degrees and sunny"}]
+    chat_answer = chat(server, messages=as_chat, tools=TOOLS, tool_choice="none", max_tokens=24, temperature=0)
+    for answer in (stateless, stored):
+        assert answer.status == "completed" and answer.output[0].type == "message"
+        assert answer.output_text == chat_answer.choices[0].message.content
+        assert answer.usage.input_tokens == chat_answer.usage.prompt_tokens
+    required = client.responses.create(model="default", input="Weather and time in Rome?", tools=RESPONSES_TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False, max_output_tokens=120,
+                                       temperature=0)
+    (call,) = required.output
+    check_call(call.name, call.arguments)
+
+
 # ------------------------------------------------------------------------------------- reasoning
 
 THINK_EBNF = 'root ::= "<think>" [a-z]{2,10} [a-z ]{1,20} "</think>" "The answer is " [0-9] "."'
@@ -197,6 +248,7 @@ def test_reasoning_content_is_split(server):
     assert st["reasoning"].strip() and "</think>" not in st["reasoning"]
     r = chat(server, temperature=0, max_tokens=80, extra_body={"ebnf": THINK_EBNF, "separate_reasoning": False})
     assert r.choices[0].message.content.startswith("<think>")
+
 
 
 # ------------------------------------------------------------------------- custom logit processor
@@ -217,6 +269,17 @@ def test_custom_logit_processor_forces_a_token(server):
     r = requests.post(server["url"] + "/generate", headers=admin, timeout=60, json={
         "input_ids": [1, 2, 3], "custom_logit_processor": "{\"callable\": \"zz\"}", "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 400 and "Invalid custom_logit_processor" in r.text
+    # the OpenAI routes take it too (upstream), with the same admin-key rule
+    admin_client = openai.OpenAI(base_url=server["url"] + "/v1", api_key=ADMIN_KEY, max_retries=0, timeout=120)
+    extra = {"custom_logit_processor": force_token, "custom_params": {"token_id": 42}}
+    c = admin_client.completions.create(model="default", prompt="Hi", max_tokens=4, temperature=0.9, extra_body=extra)
+    tok = requests.post(server["url"] + "/v1/detokenize", json={"tokens": [42] * 4}, timeout=30).json()["text"]
+    assert c.choices[0].text == tok
+    r = admin_client.chat.completions.create(model="default", messages=ASK, max_tokens=4, extra_body=extra)
+    assert r.choices[0].message.content == tok
+    with pytest.raises(openai.PermissionDeniedError):
+        server["client"].chat.completions.create(model="default", messages=ASK, max_tokens=4, extra_body=extra)
+    admin_client.close()
 
 
 def test_parse_function_call_and_separate_reasoning_routes(server):

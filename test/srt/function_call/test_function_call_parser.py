@@ -222,3 +222,27 @@ def test_parse_required_tool_calls_round_trip():
                          ("[1]", named), ("nope", named), ("{}", "auto")]:
         with pytest.raises(ValueError):
             parse_required_tool_calls(text, choice)
+
+
+def test_required_schema_hoists_the_tools_defs_and_refuses_conflicting_ones():
+    """Upstream's rule: the tools' `$defs` move to the root of the `required` schema (their `$ref`s
+    resolve there, and the grammar backend compiles it); one name defined twice differently is a
+    ValueError (a 400) with upstream's message."""
+    import jsonschema
+    import xgrammar
+
+    loc = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    params = {"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"],
+              "$defs": {"Loc": loc}}
+    tools = [{"type": "function", "function": {"name": "a", "parameters": params}},
+             {"type": "function", "function": {"name": "b", "parameters": params}}]
+    schema = get_json_schema_constraint(tools, "required")
+    assert schema["$defs"] == {"Loc": loc}
+    xgrammar.Grammar.from_json_schema(json.dumps(schema))
+    jsonschema.validate([{"name": "b", "parameters": {"loc": {"city": "Oslo"}}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "a", "parameters": {"loc": {"town": "Oslo"}}}], schema)
+    other = {**params, "$defs": {"Loc": {"type": "string"}}}
+    with pytest.raises(ValueError, match="Tool definition 'Loc' has multiple schemas, which is not supported."):
+        get_json_schema_constraint(tools + [{"type": "function", "function": {"name": "c", "parameters": other}}],
+                                   "required")

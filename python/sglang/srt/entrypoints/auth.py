@@ -13,7 +13,9 @@ Three kinds of route (upstream's `AuthLevel`, `python/sglang/srt/utils/auth.py` 
   403. Upstream leaves them open to everyone when no key is set.
 
 A key travels as `Authorization: Bearer KEY` or `x-api-key: KEY` (upstream accepts both) and is
-compared in constant time. Failing the key is upstream's 401 `{"error": "Unauthorized"}`.
+compared in constant time. Failing the key is upstream's 401 `{"error": "Unauthorized"}`, or on
+Anthropic's routes (`/v1/messages...`, whose clients send `x-api-key`) Anthropic's shape with an
+`authentication_error`.
 
 The middleware records what the request proved in the ASGI scope (`request_role`): "admin",
 "user" or "anonymous", so that a route can ask for more than its level, as `/generate` does for a
@@ -30,6 +32,7 @@ from typing import Any, Optional
 from starlette.responses import JSONResponse
 from starlette.routing import Match
 
+from sglang.srt.entrypoints.anthropic.protocol import error_body as anthropic_error_body
 from sglang.srt.entrypoints.web_ui import is_public_path
 
 ROLE_SCOPE_KEY = "sglang.auth_role"
@@ -149,7 +152,9 @@ class ApiKeyMiddleware:
                          has_admin_key=self.admin_api_key is not None, local=is_loopback_client(scope))
         if status is None:
             return await self.app(scope, receive, send)
-        if status == 401:
+        if status == 401 and scope["path"].startswith("/v1/messages"):
+            response = JSONResponse(content=anthropic_error_body("invalid x-api-key", 401), status_code=401)
+        elif status == 401:
             response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
         else:
             response = JSONResponse(status_code=403, content={

@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from sglang.srt.entrypoints.auth import (AuthLevel, add_api_key_middleware, auth_level, custom_logit_processor_refusal,
                                          request_role)
+from sglang.srt.entrypoints.anthropic.protocol import error_body as anthropic_error_body
+from sglang.srt.entrypoints.anthropic.serving import add_anthropic_routes
 from sglang.srt.entrypoints.cross_site import add_cross_site_middlewares
 from sglang.srt.entrypoints.openai import serving_tokenize
 from sglang.srt.entrypoints.openai.protocol import (
@@ -101,6 +103,20 @@ def _run_parser(name, flag: str, run) -> Response:
         return _json(run(name))
     except ValueError as e:
         return _native_error(str(e))
+
+
+def _anthropic_message(errors) -> str:
+    """Validation errors as Anthropic words them: `field.path: message`, one per line."""
+    lines = []
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        msg = err.get("msg", "invalid value")
+        if err.get("type") == "extra_forbidden":
+            msg = "not supported by this server (no such field)"
+        if err.get("type") == "json_invalid":
+            msg = f"{msg}: {(err.get('ctx') or {}).get('error', '')}".rstrip(": ")
+        lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+    return clip_message("; ".join(lines) or "Invalid request.")
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
@@ -177,6 +193,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
         exc = RequestValidationError(clipped_errors(exc.errors()))  # never echo a big input back
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's API: its error shape
+            return JSONResponse(status_code=400, content=anthropic_error_body(_anthropic_message(exc.errors())))
         exc_str, errors_str = str(exc), str(exc.errors())
         message = f"{exc_str} {errors_str}" if errors_str and errors_str != exc_str else exc_str
         err = ErrorResponse(message=clip_message(message), type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST.value)
@@ -186,6 +204,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
+        if request.url.path.startswith("/v1/messages"):
+            return JSONResponse(status_code=exc.status_code,
+                                content=anthropic_error_body(clip_message(str(exc.detail)), exc.status_code))
         err = ErrorResponse(message=clip_message(str(exc.detail)), type=str(exc.status_code), code=exc.status_code)
         return JSONResponse(status_code=exc.status_code, content=err.model_dump())
 
@@ -308,6 +329,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     add_pooling_routes(app, ctx, _parse_body)
     add_responses_routes(app, ctx, chat, _parse_body)
+    add_anthropic_routes(app, ctx, chat, _parse_body)
     add_web_routes(app, state)
 
     if state.server_args.enable_metrics and state.metrics is not None:

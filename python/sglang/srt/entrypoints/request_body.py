@@ -19,9 +19,12 @@ from sglang.srt.managers.request_limits import RequestLimits, clip, env_name, js
 PARSE_ON_LOOP_MAX_BYTES = 64 * 1024
 
 
-def _too_large(limit: int, size: str) -> JSONResponse:
+def _too_large(limit: int, size: str, path: str = "") -> JSONResponse:
     message = (f"The request body ({size}) is larger than the {limit} bytes this server accepts "
                f"({env_name('max_body_bytes')}).")
+    if path.startswith("/v1/messages"):  # Anthropic's API answers in its own error shape
+        return JSONResponse(status_code=413, content={"type": "error", "error": {"type": "request_too_large",
+                                                                                  "message": message}})
     return JSONResponse(status_code=413, content={"object": "error", "message": message,
                                                   "type": "RequestEntityTooLarge", "param": None, "code": 413})
 
@@ -45,7 +48,7 @@ class BodySizeLimit:
             except ValueError:
                 declared_n = -1
             if declared_n > self.limit:
-                return await _too_large(self.limit, f"Content-Length {declared_n}")(scope, receive, send)
+                return await _too_large(self.limit, f"Content-Length {declared_n}", scope["path"])(scope, receive, send)
         chunks: List[bytes] = []
         size = 0
         while True:
@@ -55,7 +58,8 @@ class BodySizeLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.limit:
-                return await _too_large(self.limit, f"more than {self.limit} bytes")(scope, receive, send)
+                return await _too_large(self.limit, f"more than {self.limit} bytes", scope["path"])(scope, receive,
+                                                                                                    send)
             chunks.append(body)
             if not message.get("more_body", False):
                 break

@@ -18,10 +18,19 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector, tool_function, tool_names
 from sglang.srt.function_call.core_types import ToolCallItem
 from sglang.srt.function_call.json_stream import JsonCallStreamer, skip_ws
+from sglang.srt.function_call.deepseek_detectors import DeepSeekV3Detector, DeepSeekV31Detector
+from sglang.srt.function_call.glm4_moe_detector import Glm4MoeDetector, Glm47MoeDetector
+from sglang.srt.function_call.gpt_oss_detector import GptOssDetector
+from sglang.srt.function_call.internlm_detector import InternlmDetector
+from sglang.srt.function_call.kimik2_detector import KimiK2Detector
+from sglang.srt.function_call.lfm2_detector import Lfm2Detector
 from sglang.srt.function_call.llama32_detector import Llama32Detector
+from sglang.srt.function_call.minimax_m2 import MinimaxM2Detector
 from sglang.srt.function_call.mistral_detector import MistralDetector
 from sglang.srt.function_call.pythonic_detector import PythonicDetector
 from sglang.srt.function_call.qwen25_detector import Qwen25Detector
+from sglang.srt.function_call.qwen3_coder_detector import Qwen3CoderDetector
+from sglang.srt.function_call.step3_detector import Step3Detector
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -30,12 +39,26 @@ class FunctionCallParser:
     """Separates normal text from tool calls with the detector of one tool-call format."""
 
     ToolCallParserEnum: Dict[str, Type[BaseFormatDetector]] = {
+        "deepseekv3": DeepSeekV3Detector,
+        "deepseekv31": DeepSeekV31Detector,
+        "glm": Glm4MoeDetector,
+        "glm45": Glm4MoeDetector,
+        "glm47": Glm47MoeDetector,
+        "gpt-oss": GptOssDetector,
         "hermes": Qwen25Detector,
+        "interns1": InternlmDetector,
+        "kimi_k2": KimiK2Detector,
+        "lfm2": Lfm2Detector,
         "llama3": Llama32Detector,
+        "llama4": PythonicDetector,
+        "minimax-m2": MinimaxM2Detector,
         "mistral": MistralDetector,
         "pythonic": PythonicDetector,
         "qwen": Qwen25Detector,
         "qwen25": Qwen25Detector,
+        "qwen3_coder": Qwen3CoderDetector,
+        "step3": Step3Detector,
+        "step3p5": Qwen3CoderDetector,
     }
 
     def __init__(self, tools: list, tool_call_parser: str):
@@ -98,6 +121,18 @@ def _tool_schema(function: dict) -> dict:
     }
 
 
+def _tool_schema_defs(functions: List[dict]) -> dict:
+    """The `$defs` of all the tools' parameters, merged; one name with two schemas is refused
+    (upstream's `_get_tool_schema_defs`, message included)."""
+    merged: Dict[str, Any] = {}
+    for function in functions:
+        for name, schema in ((function.get("parameters") or {}).get("$defs") or {}).items():
+            if name in merged and merged[name] != schema:
+                raise ValueError(f"Tool definition '{name}' has multiple schemas, which is not supported.")
+            merged[name] = schema
+    return merged
+
+
 def get_json_schema_constraint(tools: list, tool_choice: Any, parallel_tool_calls: bool = True) -> Optional[dict]:
     """The JSON schema that constrains the output for `tool_choice`: "required" -> a non-empty
     array of `{"name", "parameters"}` objects, one `anyOf` branch per tool (at most one item when
@@ -112,6 +147,9 @@ def get_json_schema_constraint(tools: list, tool_choice: Any, parallel_tool_call
         }
         if not parallel_tool_calls:
             schema["maxItems"] = 1
+        defs = _tool_schema_defs(functions)
+        if defs:  # the tools' `$ref: "#/$defs/..."` resolve against this root (upstream hoists them)
+            schema["$defs"] = defs
         return schema
     name = _named_function(tool_choice)
     if name is not None:

@@ -8,8 +8,9 @@ import json
 import os
 from typing import Dict, Optional, Tuple
 
-AUTO_TOOL_PARSERS = {"Qwen2": "qwen25", "Qwen3": "qwen25", "Llama": "llama3", "Mistral": "mistral"}
-AUTO_REASONING_PARSERS = {"Qwen3": "qwen3", "DeepseekV3": "deepseek-r1"}
+AUTO_TOOL_PARSERS = {"Qwen2": "qwen25", "Qwen3": "qwen25", "Llama": "llama3", "Mistral": "mistral",
+                     "Glm4Moe": "glm45", "GptOss": "gpt-oss", "MiniMaxM2": "minimax-m2"}
+AUTO_REASONING_PARSERS = {"Qwen3": "qwen3", "DeepseekV3": "deepseek-r1", "Glm4Moe": "glm45", "GptOss": "gpt-oss"}
 
 
 def resolve_auto_parser(name: Optional[str], model_path: Optional[str], table: Dict[str, str]) -> Optional[str]:

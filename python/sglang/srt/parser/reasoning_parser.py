@@ -14,6 +14,15 @@ the start of `</think>` (or, at the very start, of `<think>`); the text after th
 as normal text. With `stream_reasoning=False` the reasoning comes out in one piece at `</think>`.
 `finish` gives out what was held back when the stream ends (upstream's later `finish`). The
 streamed pieces concatenate to the one-shot result up to that whitespace stripping.
+
+The other families, under upstream's names: "deepseek-v3" (`<think>` tags; the output starts inside
+the reasoning when the request's `chat_template_kwargs` ask for `thinking`, as DeepSeek-V3.1's
+template then opens it), "glm45" and "interns1" (as "qwen3"), "kimi" (`◁think▷` ... `◁/think▷`),
+"kimi_k2" (`<think>` tags; a `<|tool_calls_section_begin|>` also ends the reasoning and stays in
+the text for the tool-call parser), "minimax" (always reasoning, `<think>` tags),
+"minimax-append-think" (no split: the text is given back with the `<think>` its template swallowed),
+"mistral" (`[THINK]` ... `[/THINK]`), "step3" / "step3p5" (as "deepseek-r1") and "gpt-oss" (harmony:
+the `analysis` channel is the reasoning, ended by `<|end|>`; the final channel's markers are not text).
 """
 
 from typing import Dict, Optional, Tuple, Type
@@ -39,6 +48,8 @@ class StreamingParseResult:
 
 class BaseReasoningFormatDetector:
     """A `<start>reasoning<end>answer` format, parsed in one go or streamed."""
+
+    tool_start_token: Optional[str] = None  # also ends the reasoning (and stays in the normal text)
 
     def __init__(self, think_start_token: str, think_end_token: str, force_reasoning: bool = False,
                  stream_reasoning: bool = True):
@@ -84,14 +95,15 @@ class BaseReasoningFormatDetector:
                 self._state = REASONING if self.force_reasoning else NORMAL
             self.had_reasoning = self._state == REASONING
         if self._state == REASONING:
-            end = self._buffer.find(self.think_end_token)
+            end, after = self._reasoning_end()
             if end >= 0:
                 reasoning = self._held_reasoning + self._buffer[:end]
-                self._buffer = self._buffer[end + len(self.think_end_token):]
+                self._buffer = self._buffer[after:]
                 self._held_reasoning = ""
                 self._state = NORMAL
             else:
-                keep = 0 if final else _partial_suffix_len(self._buffer, self.think_end_token)
+                ends = [self.think_end_token] + ([self.tool_start_token] if self.tool_start_token else [])
+                keep = 0 if final else max(_partial_suffix_len(self._buffer, t) for t in ends)
                 self._held_reasoning += self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(self._buffer) - keep:]
                 if self.stream_reasoning or final:
@@ -99,6 +111,14 @@ class BaseReasoningFormatDetector:
         if self._state == NORMAL:
             normal, self._buffer = self._buffer, ""
         return StreamingParseResult(normal_text=normal, reasoning_text=reasoning)
+
+    def _reasoning_end(self) -> Tuple[int, int]:
+        """(where the reasoning in the buffer ends, where the normal text starts); (-1, -1) if not yet."""
+        end = self._buffer.find(self.think_end_token)
+        tool = self._buffer.find(self.tool_start_token) if self.tool_start_token else -1
+        if tool >= 0 and (end < 0 or tool < end):
+            return tool, tool
+        return (end, end + len(self.think_end_token)) if end >= 0 else (-1, -1)
 
 
 class DeepSeekR1Detector(BaseReasoningFormatDetector):
@@ -116,23 +136,108 @@ class Qwen3Detector(BaseReasoningFormatDetector):
                          stream_reasoning=stream_reasoning)
 
 
+class KimiDetector(BaseReasoningFormatDetector):
+    def __init__(self, stream_reasoning: bool = True, force_reasoning: bool = False):
+        super().__init__("◁think▷", "◁/think▷", force_reasoning=False, stream_reasoning=stream_reasoning)
+
+
+class KimiK2Detector(Qwen3Detector):
+    tool_start_token = "<|tool_calls_section_begin|>"
+
+
+class MistralDetector(BaseReasoningFormatDetector):
+    def __init__(self, stream_reasoning: bool = True, force_reasoning: bool = False):
+        super().__init__("[THINK]", "[/THINK]", force_reasoning=force_reasoning, stream_reasoning=stream_reasoning)
+
+
+class MiniMaxAppendThinkDetector(BaseReasoningFormatDetector):
+    """MiniMax-M2 with reasoning left in the text: the template opened `<think>`, so the text is
+    given back with it."""
+
+    def __init__(self, stream_reasoning: bool = True, force_reasoning: bool = False):
+        super().__init__("<think>", "</think>", stream_reasoning=stream_reasoning)
+        self._started = False
+
+    def _consume(self, final: bool) -> StreamingParseResult:
+        text, self._buffer = self._buffer, ""
+        if text and not self._started:
+            self._started = True
+            text = self.think_start_token + text
+        return StreamingParseResult(normal_text=text)
+
+    def detect_and_parse(self, text: str) -> StreamingParseResult:
+        return StreamingParseResult(normal_text=self.think_start_token + text)
+
+
+_HARMONY_FINAL_MARKERS = ("<|start|>assistant<|channel|>final<|message|>", "<|channel|>final<|message|>",
+                          "<|return|>")
+
+
+class GptOssDetector(BaseReasoningFormatDetector):
+    """Harmony: `<|channel|>analysis<|message|>...<|end|>` is the reasoning; the final channel's
+    markers are removed from the normal text (held back while one may be starting)."""
+
+    def __init__(self, stream_reasoning: bool = True, force_reasoning: bool = False):
+        super().__init__("<|channel|>analysis<|message|>", "<|end|>", stream_reasoning=stream_reasoning)
+        self._normal_held = ""
+
+    def _consume(self, final: bool) -> StreamingParseResult:
+        if self._state == START and self._buffer.lstrip().startswith("<|start|>assistant"):
+            self._buffer = self._buffer.lstrip()[len("<|start|>assistant"):]
+        elif self._state == START and "<|start|>assistant".startswith(self._buffer.lstrip()) and not final:
+            return StreamingParseResult()
+        ret = super()._consume(final)
+        text = self._normal_held + ret.normal_text
+        for marker in _HARMONY_FINAL_MARKERS:
+            text = text.replace(marker, "")
+        keep = 0 if final else max(_partial_suffix_len(text, m) for m in _HARMONY_FINAL_MARKERS)
+        self._normal_held = text[len(text) - keep:]
+        ret.normal_text = text[: len(text) - keep]
+        return ret
+
+    def detect_and_parse(self, text: str) -> StreamingParseResult:
+        scanner = GptOssDetector()
+        first, last = scanner.parse_streaming_increment(text), scanner.finish()
+        normal = first.normal_text + last.normal_text
+        if not scanner.had_reasoning:
+            return StreamingParseResult(normal_text=normal)
+        return StreamingParseResult(normal_text=normal.lstrip(),
+                                    reasoning_text=(first.reasoning_text + last.reasoning_text).strip())
+
+
 class ReasoningParser:
-    """Picks the reasoning detector by the `--reasoning-parser` name."""
+    """Picks the reasoning detector by the `--reasoning-parser` name (upstream's names)."""
 
     DetectorMap: Dict[str, Type[BaseReasoningFormatDetector]] = {
         "deepseek-r1": DeepSeekR1Detector,
+        "deepseek-v3": Qwen3Detector,  # forced when the request asks for thinking (below)
+        "glm45": Qwen3Detector,
+        "gpt-oss": GptOssDetector,
+        "interns1": Qwen3Detector,
+        "kimi": KimiDetector,
+        "kimi_k2": KimiK2Detector,
+        "minimax": Qwen3Detector,  # always thinking: forced below
+        "minimax-append-think": MiniMaxAppendThinkDetector,
+        "mistral": MistralDetector,
         "qwen3": Qwen3Detector,
         "qwen3-thinking": Qwen3Detector,  # always thinking: forced below
+        "step3": DeepSeekR1Detector,
+        "step3p5": DeepSeekR1Detector,
     }
-    FORCED = {"qwen3-thinking"}
+    FORCED = {"qwen3-thinking", "minimax"}
 
-    def __init__(self, model_type: str, stream_reasoning: bool = True, force_reasoning: Optional[bool] = None):
+    def __init__(self, model_type: str, stream_reasoning: bool = True, force_reasoning: Optional[bool] = None,
+                 request=None):
         key = (model_type or "").lower()
         detector_class = self.DetectorMap.get(key)
         if detector_class is None:
             raise ValueError(f"Unsupported model type: {model_type}")
         if key in self.FORCED:
             force_reasoning = True
+        if key == "deepseek-v3" and force_reasoning is None:
+            # DeepSeek-V3.1's template ends with `<think>` when asked to think: the output starts inside it
+            kwargs = getattr(request, "chat_template_kwargs", None) or {}
+            force_reasoning = bool(kwargs.get("thinking") or kwargs.get("enable_thinking"))
         kwargs = {"stream_reasoning": stream_reasoning}
         if force_reasoning is not None:
             kwargs["force_reasoning"] = force_reasoning

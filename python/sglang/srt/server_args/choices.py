@@ -113,6 +113,16 @@ MAMBA_SSM_DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 LOG_REQUESTS_LEVEL_CHOICES = [0, 1, 2, 3]
 
 GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
-# Upstream: ["auto"] + the parsers it has; these are the ones this fork implements.
-TOOL_CALL_PARSER_CHOICES = ["auto", "qwen25", "qwen", "hermes", "llama3", "pythonic", "mistral"]
-REASONING_PARSER_CHOICES = ["auto", "deepseek-r1", "qwen3", "qwen3-thinking"]
+# Upstream: ["auto"] + the parsers it has (its ToolCallParserEnum / DetectorMap names, and the older
+# "llama4"). A name whose format this fork does not implement is refused at start-up with a message
+# that names it (resolution.check_parsers_implemented), not by argparse.
+TOOL_CALL_PARSER_CHOICES = ["auto", "apertus2509", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32",
+                            "deepseekv4", "dots", "glm", "glm45", "glm47", "gpt-oss", "k2_horizon", "kimi_k2",
+                            "kimi_k3", "lfm2", "ling3", "llama3", "llama4", "mimo", "minicpm5", "mistral", "muse",
+                            "poolside_v1", "pythonic", "qwen", "qwen25", "qwen3_coder", "spark25", "step3",
+                            "step3p5", "minimax-m2", "minimax-m3", "trinity", "interns1", "hermes", "hunyuan",
+                            "gigachat3", "gigachat35", "gemma4", "inkling"]
+REASONING_PARSER_CHOICES = ["auto", "apertus2509", "deepseek-r1", "deepseek-v3", "deepseek-v4", "glm45", "hunyuan",
+                            "gpt-oss", "kimi", "kimi_k2", "kimi_k3", "mimo", "poolside_v1", "qwen3", "qwen3-thinking",
+                            "minimax", "minimax-append-think", "minimax-m3", "step3", "step3p5", "mistral",
+                            "nemotron_3", "interns1", "gemma4", "inkling", "cohere_command4", "telechat4"]

@@ -561,7 +561,20 @@ def _handle_ngram(sa, src: str) -> None:
                        "--speculative-ngram-capacity (upstream's shared token trie) have no effect.")
 
 
-# Upstream's pipeline order (reference 1.2), restricted to the rules above.
+def check_parsers_implemented(sa) -> None:
+    """(This fork.) Every upstream parser name is a valid choice; one whose format is not
+    implemented here stops the start-up with a message that names it and lists what is."""
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    for flag, name, implemented in (("--tool-call-parser", sa.tool_call_parser, FunctionCallParser.ToolCallParserEnum),
+                                    ("--reasoning-parser", sa.reasoning_parser, ReasoningParser.DetectorMap)):
+        if name and name != "auto" and name not in implemented:
+            raise ValueError(f"{flag} {name}: upstream's parser of that name is not implemented by this server. "
+                             f"Implemented: {', '.join(sorted(implemented))}.")
+
+
+# Upstream's pipeline order (reference 1.2), restricted to the rules above (and this fork's parser check).
 RESOLUTION_PIPELINE = (
     handle_hicache_ratio_default,
     handle_missing_default_values,
@@ -579,6 +592,7 @@ RESOLUTION_PIPELINE = (
     handle_speculative_decoding,
     handle_cache_compatibility,
     handle_load_format,
+    check_parsers_implemented,
 )
 
 

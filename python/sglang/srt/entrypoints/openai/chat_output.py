@@ -54,7 +54,8 @@ class ChoiceOutput:
                                 if self.mode == "constrained" else None)
         self.reasoning = None
         if reasoning_parser and request.separate_reasoning:
-            self.reasoning = ReasoningParser(reasoning_parser, stream_reasoning=request.stream_reasoning)
+            self.reasoning = ReasoningParser(reasoning_parser, stream_reasoning=request.stream_reasoning,
+                                             request=request)
         self.num_calls = 0  # tool calls emitted so far
         self._ids: Dict[int, str] = {}
 

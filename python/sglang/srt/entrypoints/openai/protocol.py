@@ -89,6 +89,8 @@ class _SamplingExtensions(_Lenient):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     custom_params: Optional[Dict[str, Any]] = None
+    # A CustomLogitProcessor.to_str() (--enable-custom-logit-processor; the admin key, as on /generate).
+    custom_logit_processor: Optional[str] = None
     logit_bias: Optional[Dict[str, float]] = None
     # Structured output (SGLang extensions beside response_format).
     regex: Optional[str] = None

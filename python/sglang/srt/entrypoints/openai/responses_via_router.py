@@ -1,13 +1,14 @@
-"""(Tokenizer/HTTP process.) `/v1/responses` on a PD server: each turn runs as a chat completion
+"""(Tokenizer/HTTP process.) `/v1/responses` and `/v1/messages` on a PD server: each request runs
 through the deployment's router.
 
 Why: a PD server alone cannot generate (the prefill and the decode side each do half), and the
-real sglang-router (0.3.2) answers 501 for `/v1/responses` in PD mode. So a PD server that knows
-the router's URL (`SGLANG_WEB_API_BASE`, which `launch_pd` sets, as for the web page) posts the
-turn to the router's `/v1/chat/completions` and shapes the answer exactly as a plain server's
-Responses API would; the conversation store stays in this server. Outputs come back in the
-TokenizerManager's form (`{"text": cumulative text, "meta_info": {...}}`), so the same code builds
-the response object and the stream events.
+real sglang-router (0.3.2) answers 501 for `/v1/responses` in PD mode and has no `/v1/messages`.
+So a PD server that knows the router's URL (`SGLANG_WEB_API_BASE`, which `launch_pd` sets, as for
+the web page) renders the prompt itself (chat template, sampling params, the tool-call constraint)
+and posts its token ids to the router's `/generate` (`generate_through_router`). The router's
+outputs are the TokenizerManager's own (`{"text": cumulative text, "meta_info": {...}}`), so the
+tool-call and reasoning parsers run here on the raw text and the same code builds the answer as on
+a plain server; the Responses conversation store stays in this server.
 """
 
 from __future__ import annotations
@@ -32,45 +33,30 @@ def _message(status: int, raw: bytes) -> str:
         return raw.decode(errors="replace")[:500] or f"status {status}"
 
 
-def _meta(usage: Optional[dict], finish: Optional[str]) -> dict:
-    usage = usage or {}
-    return {"prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            "finish_reason": {"type": finish} if finish else None}
+def _headers(api_key: Optional[str]) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def chat_through_router(base_url: str, body: dict, api_key: Optional[str] = None) -> AsyncIterator[dict]:
-    """Runs `body` (a chat completion request) at `base_url`; yields TokenizerManager-shaped outputs
-    (one when not streaming). A non-200 answer raises RouterError before anything is yielded."""
+async def generate_through_router(base_url: str, body: dict, api_key: Optional[str] = None) -> AsyncIterator[dict]:
+    """Runs `body` (a native /generate request for one sequence) at `base_url`; yields its outputs
+    as the router's /generate gives them (the TokenizerManager's shape, cumulative text; one when
+    not streaming). A non-200 answer raises RouterError before anything is yielded; an error in
+    the stream raises RuntimeError."""
     import aiohttp
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    stream = bool(body.get("stream"))
-    if stream:
-        body = {**body, "stream_options": {"include_usage": True}}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.post(base_url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers) as resp:
+        async with session.post(base_url.rstrip("/") + "/generate", json=body, headers=_headers(api_key)) as resp:
             if resp.status != 200:
                 raise RouterError(resp.status, _message(resp.status, await resp.read()))
-            if not stream:
-                data = await resp.json()
-                choice = data["choices"][0]
-                yield {"text": choice["message"].get("content") or "",
-                       "meta_info": _meta(data.get("usage"), choice.get("finish_reason"))}
+            if not body.get("stream"):
+                yield await resp.json()
                 return
-            text, finish = "", None
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
+                out = json.loads(line[6:])
+                if "error" in out:
                     raise RuntimeError(_message(500, line[6:]))
-                for choice in chunk.get("choices") or []:
-                    text += (choice.get("delta") or {}).get("content") or ""
-                    finish = choice.get("finish_reason") or finish
-                if chunk.get("usage"):
-                    yield {"text": text, "meta_info": _meta(chunk["usage"], finish)}
-                elif chunk.get("choices"):
-                    yield {"text": text, "meta_info": _meta(None, None)}
+                yield out

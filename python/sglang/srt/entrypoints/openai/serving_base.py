@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from fastapi.responses import JSONResponse
 
+from sglang.srt.entrypoints.auth import custom_logit_processor_refusal, request_role
 from sglang.srt.managers.cpu_work_pool import run_cpu
 from sglang.srt.managers.request_limits import clip_message
 from sglang.srt.managers.tokenizer_manager import EngineDeadError, abort_reason
@@ -240,6 +241,7 @@ def passthrough_fields(req) -> Dict[str, Any]:
         bootstrap_room=req.bootstrap_room,
         bootstrap_pair_key=req.bootstrap_pair_key,
         return_hidden_states=req.return_hidden_states,
+        custom_logit_processor=req.custom_logit_processor,
     )
 
 
@@ -376,6 +378,10 @@ class OpenAIServingBase:
         error = self._validate(request)
         if error:
             return create_error_response(error)
+        refusal = custom_logit_processor_refusal(self.ctx.server_args, request_role(raw_request),
+                                                 request.custom_logit_processor)
+        if refusal:  # it runs the client's code: the admin key only, as on /generate
+            return create_error_response(refusal, err_type="Forbidden", status_code=403)
         dead = self.ctx.dead_reason()
         if dead:
             return create_error_response(dead, err_type="ServiceUnavailable", status_code=503)

@@ -228,7 +228,11 @@ class OpenAIServingChat(OpenAIServingBase):
 
 
 def _validate_tools(request: ChatCompletionRequest) -> Optional[str]:
-    """Upstream's tool_choice checks (and texts)."""
+    """Upstream's tool and tool_choice checks (and texts)."""
+    for i, tool in enumerate(request.tools or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            return f"tools.{i}.function.name: Field required"  # upstream's Function model requires it
     choice = request.tool_choice
     if isinstance(choice, str):
         if choice.lower() not in ("none", "auto", "required"):

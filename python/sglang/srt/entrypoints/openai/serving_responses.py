@@ -1,24 +1,30 @@
-"""`POST /v1/responses` (OpenAI's Responses API, text in and out), with `GET /v1/responses/{id}`
-and `POST /v1/responses/{id}/cancel`, as upstream SGLang serves them.
+"""`POST /v1/responses` (OpenAI's Responses API: text, function tools, reasoning items), with
+`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, as upstream SGLang serves them.
 
 A request becomes chat messages (`instructions` as the system message, then the conversation
 of `previous_response_id`, then `input`: a string is one user message, a list holds message
-items whose content is a string or `input_text` / `output_text` parts) and runs as one chat
-completion (`OpenAIServingChat`'s template and sampling mapping). Stored responses
+items whose content is a string or `input_text` / `output_text` parts, and `function_call`,
+`function_call_output` and `reasoning` items, `responses_items.py`) and runs as one chat
+completion (`OpenAIServingChat`'s template, sampling mapping, tool-call and reasoning parsers, and
+the constraint of tool_choice "required" / a named function). The output is a `reasoning` item,
+a `message` item and one `function_call` item per call, as they apply. Stored responses
 (`store`, default true) live in this process's memory, the newest `MAX_STORED_RESPONSES`, so a
 later request can continue from them; they are lost on restart.
 
 Streams are upstream's (and OpenAI's) typed events, `event: <type>` + `data: <json>` with a
 `sequence_number`: response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta..., response.output_text.done,
-response.content_part.done, response.output_item.done, response.completed (no `[DONE]`).
+response.content_part.done, response.output_item.done, response.completed (no `[DONE]`); function
+calls stream as response.function_call_arguments.delta / .done, reasoning as
+response.reasoning_text.delta / .done, each inside its own output_item.added / .done.
 Usage is OpenAI's (`input_tokens`, `output_tokens`, their details, `total_tokens`) in both the
 streamed and the plain response; the plain one also keeps upstream's `prompt_tokens` /
-`completion_tokens` keys. Not served here: tools, background mode, reasoning items.
+`completion_tokens` keys. Not served here: background mode, OpenAI's hosted tools.
 
 On a PD server each turn runs through the deployment's router instead (`responses_via_router.py`:
 the real router answers 501 for this route in PD mode, so `launch_pd` users call the decode
-server's `/v1/responses`).
+server's `/v1/responses`): the rendered prompt goes to the router's /generate and the text comes
+back here to be parsed, as on a plain server.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from pydantic import Field
 
 from sglang.srt.managers.cpu_work_pool import run_cpu
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, _Lenient
-from sglang.srt.entrypoints.openai.responses_via_router import RouterError, chat_through_router
+from sglang.srt.entrypoints.openai.responses_items import (ResponseItemStream, assistant_turn, call_messages,
+                                                          chat_tool_choice, chat_tools, whole_items)
+from sglang.srt.entrypoints.openai.responses_via_router import RouterError, generate_through_router
 from sglang.srt.entrypoints.openai.serving_base import abort_error, chain_outputs, first_output
 from sglang.srt.entrypoints.web_ui import WEB_API_BASE_ENV
 from sglang.srt.managers.tokenizer_manager import EngineDeadError, abort_reason
@@ -126,16 +134,25 @@ def input_messages(request: ResponsesRequest, history: List[dict]) -> List[dict]
     if isinstance(request.input, str):
         msgs.append({"role": "user", "content": request.input})
         return msgs
+    pending_reasoning: List[str] = []
     for item in request.input:
         kind = item.get("type", "message")
+        if kind in ("function_call", "function_call_output", "reasoning"):
+            call_messages(item, msgs, pending_reasoning)
+            continue
         if kind != "message":
-            raise ValueError(f"Input items of type '{kind}' are not supported by this server yet: only messages.")
+            raise ValueError(f"Input items of type '{kind}' are not supported by this server: only messages, "
+                             "function_call, function_call_output and reasoning items.")
         role = item.get("role", "user")
         if role == "developer":
             role = "system"
         if role not in ("user", "assistant", "system"):
             raise ValueError(f"Unknown role '{role}' in a message input item.")
-        msgs.append({"role": role, "content": _content_text(item.get("content"))})
+        msg = {"role": role, "content": _content_text(item.get("content"))}
+        if role == "assistant" and pending_reasoning:
+            msg["reasoning_content"] = "".join(pending_reasoning)
+            pending_reasoning.clear()
+        msgs.append(msg)
     return msgs
 
 
@@ -170,19 +187,11 @@ class OpenAIServingResponses:
             "text": {"format": {"type": "text"}},
         }
 
-    @staticmethod
-    def _message_item(item_id: str, text: str, status: str) -> dict:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-        return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
-
     # --- routes ------------------------------------------------------------------------------------------
     async def create(self, request: ResponsesRequest, raw_request: Request):
         if request.background:
             return _error("Background responses are not supported by this server: send the request without "
                           "'background' (or stream it).", param="background")
-        if request.tools:
-            return _error("Tools are not supported by /v1/responses on this server yet: use /v1/chat/completions "
-                          "with 'tools'.", param="tools")
         history: List[dict] = []
         if request.previous_response_id is not None:
             err = _check_id(request.previous_response_id, self.store)
@@ -194,7 +203,10 @@ class OpenAIServingResponses:
             return _error(dead, 503, err_type="ServiceUnavailable")
         try:
             messages = input_messages(request, history)
+            tools = chat_tools(request.tools)
             chat_request = ChatCompletionRequest(
+                tools=tools, tool_choice=chat_tool_choice(request.tool_choice) if tools else None,
+                parallel_tool_calls=request.parallel_tool_calls is not False,
                 messages=messages, model=request.model or self.ctx.served_model_name,
                 max_completion_tokens=request.max_output_tokens, temperature=request.temperature,
                 top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
@@ -205,10 +217,10 @@ class OpenAIServingResponses:
             error = self.chat._validate(chat_request)
             if error:
                 return _error(error)
+            obj = await run_cpu(self.chat._convert, chat_request)  # template + tokenizer off the loop
             if self.ctx.server_args.disaggregation_mode != "null":
-                agen = self._via_router(chat_request)
+                agen = self._via_router(obj)
             else:
-                obj = await run_cpu(self.chat._convert, chat_request)  # template + tokenizer off the loop
                 agen = self.ctx.tokenizer_manager.generate_request(obj, raw_request)
             first = await first_output(agen)
         except RouterError as e:
@@ -222,19 +234,18 @@ class OpenAIServingResponses:
             return _error(aborted.message, aborted.status_code)
         created_at = int(time.time())
         if request.stream:
-            return StreamingResponse(self._events(request, messages, first, agen, created_at),
+            return StreamingResponse(self._events(request, chat_request, messages, first, agen, created_at),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "Connection": "keep-alive"})
-        text = first["text"]
         meta = first["meta_info"]
-        output = [self._message_item(f"msg_{uuid.uuid4().hex}", text, "completed")] if text else []
+        output = whole_items(*self.chat._output(chat_request).whole(first["text"]))
         usage = _usage(meta)
         usage.update(prompt_tokens=usage["input_tokens"], completion_tokens=usage["output_tokens"])
         response = self._response(request, "completed", output, usage, created_at)
-        self._remember(request, messages, response, text)
+        self._remember(request, messages, response)
         return Response(content=orjson.dumps(response), media_type="application/json")
 
-    def _via_router(self, chat_request: ChatCompletionRequest):
+    def _via_router(self, obj):
         """A PD server cannot generate alone: the turn goes through the deployment's router
         (`responses_via_router.py`)."""
         base = os.environ.get(WEB_API_BASE_ENV)
@@ -242,14 +253,15 @@ class OpenAIServingResponses:
             raise ValueError(f"This is a PD {self.ctx.server_args.disaggregation_mode} server: it serves /v1/responses "
                              f"through the deployment's router, whose URL it gets from {WEB_API_BASE_ENV} (launch_pd "
                              "sets it). Set it, or send the request to a plain server.")
-        body = chat_request.model_dump(exclude_unset=True, exclude_none=True)
-        return chat_through_router(base, body, self.ctx.server_args.api_key)
+        body = {"input_ids": obj.input_ids, "sampling_params": obj.sampling_params, "stream": bool(obj.stream)}
+        return generate_through_router(base, body, self.ctx.server_args.api_key)
 
-    def _remember(self, request: ResponsesRequest, messages: List[dict], response: dict, text: str) -> None:
+    def _remember(self, request: ResponsesRequest, messages: List[dict], response: dict) -> None:
         if request.store:
-            self.store.put(response, messages + [{"role": "assistant", "content": text}])
+            self.store.put(response, messages + [assistant_turn(response["output"])])
 
-    async def _events(self, request: ResponsesRequest, messages: List[dict], first, agen, created_at: int):
+    async def _events(self, request: ResponsesRequest, chat_request, messages: List[dict], first, agen,
+                      created_at: int):
         seq = 0
 
         def event(kind: str, **fields) -> bytes:
@@ -261,22 +273,18 @@ class OpenAIServingResponses:
         base = self._response(request, "in_progress", [], None, created_at)
         yield event("response.created", response=base)
         yield event("response.in_progress", response=base)
-        item_id, text, meta, started = f"msg_{uuid.uuid4().hex}", "", {}, False
+        proc, stream = self.chat._output(chat_request), ResponseItemStream(event)
+        text, meta = "", {}
         outputs = chain_outputs(first, agen)
         try:
             async for out in outputs:
                 meta = out["meta_info"]
-                delta = out["text"][len(text):]
-                if delta and not started:
-                    started = True
-                    yield event("response.output_item.added", output_index=0,
-                                item=self._message_item(item_id, "", "in_progress"))
-                    yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-                if delta:
-                    text = out["text"]
-                    yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                                delta=delta, logprobs=[])
+                delta, text = out["text"][len(text):], out["text"]
+                for chunk in stream.pieces(proc.delta(delta) if delta else []):
+                    yield chunk
+                if meta.get("finish_reason"):
+                    for chunk in stream.pieces(proc.end()):
+                        yield chunk
         except Exception as e:  # noqa: BLE001 - the stream ends with response.failed, not a cut connection
             failed = self._response(request, "failed", [], None, created_at)
             failed["error"] = {"code": "server_error", "message": str(e)}
@@ -284,15 +292,9 @@ class OpenAIServingResponses:
             return
         finally:
             await outputs.aclose()
-        output = []
-        if started:
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
-                        logprobs=[])
-            yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=part)
-            item = self._message_item(item_id, text, "completed")
-            yield event("response.output_item.done", output_index=0, item=item)
-            output = [item]
+        for chunk in stream.close():
+            yield chunk
+        output = stream.items
         reason = abort_reason({"meta_info": meta})
         if reason is not None:
             failed = self._response(request, "failed", output, _usage(meta), created_at)
@@ -300,7 +302,7 @@ class OpenAIServingResponses:
             yield event("response.failed", response=failed)
             return
         response = self._response(request, "completed", output, _usage(meta), created_at)
-        self._remember(request, messages, response, text)
+        self._remember(request, messages, response)
         yield event("response.completed", response=response)
 
     def retrieve(self, response_id: str):
