@@ -153,17 +153,17 @@ def cache_dir() -> str:
 
 
 def resolve_model(name: str) -> str:
-    """"default" -> SmolLM2-135M-Instruct's shipped Q4_1 GGUF file; "default-dense" -> its
-    dequantized fp32 HF folder (the bf16 reference); "tiny" -> the tiny random Llama; anything else
-    is a path to an HF model folder or a GGUF file."""
+    """"default" -> what the server serves for it: SmolLM2-135M-Instruct's dense copy (its
+    dequantized fp32 HF folder); "default-gguf" -> the shipped Q4_1 GGUF file itself; "tiny" -> the
+    tiny random Llama; anything else is a path to an HF model folder or a GGUF file."""
     if name == "default":
         from sglang.srt.model_loader.default_model import default_model_path
 
         return default_model_path()
-    if name == "default-dense":
-        from sglang.srt.model_loader.default_model import ensure_dense_default_model
+    if name == "default-gguf":
+        from sglang.srt.model_loader.default_model import default_gguf_path
 
-        return ensure_dense_default_model()
+        return default_gguf_path()
     if name.startswith("tiny-") and name[5:] in ("nemotron_h", "falcon_h1"):  # tiny hybrid SSM models
         path = os.path.join(cache_dir(), name)
         if not os.path.exists(os.path.join(path, "config.json")):
@@ -182,6 +182,11 @@ def resolve_model(name: str) -> str:
 
 
 def model_config(path: str) -> dict:
+    """The HF config of a model folder, or the one a GGUF file's metadata gives."""
+    if os.path.isfile(path):
+        from sglang.srt.configs.gguf_file import gguf_config_dict
+
+        return gguf_config_dict(path)
     with open(os.path.join(path, "config.json")) as f:
         return json.load(f)
 

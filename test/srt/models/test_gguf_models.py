@@ -59,10 +59,10 @@ def _hf_greedy(model, ids, n):
 
 @pytest.fixture(scope="module")
 def default_pair():
-    from sglang.srt.model_loader.default_model import default_model_path
+    from sglang.srt.model_loader.default_model import default_gguf_path
 
-    path = default_model_path()
-    return path, _runner("default"), _hf_model(path)
+    path = default_gguf_path()
+    return path, _runner(path), _hf_model(path)
 
 
 def test_default_model_is_served_from_its_gguf_file(default_pair):
@@ -85,6 +85,7 @@ def test_default_model_matches_transformers_on_the_same_file(default_pair):
 
     class Args:
         tokenizer_path, model_path, trust_remote_code, tokenizer_mode = None, "default", False, "auto"
+        load_format = "gguf"  # "default" with --load-format gguf: the shipped file
 
     tok = load_tokenizer(Args())
     assert tok.chat_template and tok.eos_token == "<|im_end|>"

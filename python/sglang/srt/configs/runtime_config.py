@@ -42,6 +42,7 @@ class RunnerConfig:
     context_length: Optional[int] = None
     quantization: Optional[str] = None
     enable_fp32_lm_head: bool = False
+    load_format: str = "auto"  # "gguf" with --model-path default: the shipped GGUF file, not the dense copy
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> "RunnerConfig":

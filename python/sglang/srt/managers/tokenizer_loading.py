@@ -15,7 +15,8 @@ def load_tokenizer(server_args, default_path: Optional[str] = None):
 
     from sglang.srt.configs.gguf_file import is_gguf_file, split_gguf_path
 
-    path = resolve_model_path(server_args.tokenizer_path or default_path or server_args.model_path)
+    path = resolve_model_path(server_args.tokenizer_path or default_path or server_args.model_path,
+                              server_args.load_format)
     if is_gguf_file(path):
         # The tokenizer the file's metadata describes, as transformers builds it from a GGUF file.
         # Asked of the fast-tokenizer class directly: AutoTokenizer builds the same tokenizer but

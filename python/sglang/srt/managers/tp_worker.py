@@ -88,7 +88,7 @@ class TpModelWorker(ModelWorker):
         from sglang.srt.model_loader.default_model import resolve_model_path
 
         sa = server_args
-        model_config = ModelConfig.from_path(resolve_model_path(sa.model_path), sa.context_length)
+        model_config = ModelConfig.from_path(resolve_model_path(sa.model_path, sa.load_format), sa.context_length)
         self.model_runner = ModelRunner(model_config, sa, build_memory=False)  # loads the weights
         self.model_config = self.model_runner.model_config
         self.device = self.model_runner.device

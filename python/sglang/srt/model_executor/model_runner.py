@@ -73,7 +73,8 @@ class ModelRunner:
         if isinstance(model_config, str):
             from sglang.srt.model_loader.default_model import resolve_model_path
 
-            model_config = ModelConfig.from_path(resolve_model_path(model_config), context_length)
+            model_config = ModelConfig.from_path(resolve_model_path(model_config, self.config.load_format),
+                                                context_length)
         elif context_length is not None and model_config.context_len != int(context_length):
             model_config.context_len = int(context_length)
         self.model_config: ModelConfig = model_config

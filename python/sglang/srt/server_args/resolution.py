@@ -373,8 +373,8 @@ LOAD_FORMATS_HERE = ("auto", "safetensors", "gguf")
 
 def handle_load_format(sa) -> None:
     """--load-format: auto reads a GGUF file as GGUF (as upstream's `check_gguf_file`) and a folder
-    as safetensors; gguf needs a GGUF file (the packaged default model is one); the other formats
-    are refused in one line."""
+    as safetensors; gguf needs a GGUF file, or "default" (then the packaged GGUF file is served in its
+    blocks instead of its dense copy); the other formats are refused in one line."""
     cfg = sa._view()
     fmt = cfg.load_format
     if fmt not in LOAD_FORMATS_HERE:
@@ -385,11 +385,13 @@ def handle_load_format(sa) -> None:
     from sglang.srt.configs.gguf_file import is_gguf_file
 
     path = cfg.model_path
-    gguf = path in (None, "default") or is_gguf_file(path)
+    if path in (None, "default"):
+        return  # gguf: the shipped GGUF file; safetensors: its dense copy (model_loader/default_model.py)
+    gguf = is_gguf_file(path)
     if fmt == "gguf" and not gguf:
         raise ValueError(f"--load-format gguf needs a GGUF file as --model-path; {path} is not one")
     if fmt == "safetensors" and gguf:
-        raise ValueError(f"--load-format safetensors cannot read {path or 'the default model'}: it is a GGUF file "
+        raise ValueError(f"--load-format safetensors cannot read {path}: it is a GGUF file "
                          "(use --load-format gguf or auto)")
 
 

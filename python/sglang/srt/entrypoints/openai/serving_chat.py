@@ -55,7 +55,7 @@ class OpenAIServingChat(OpenAIServingBase):
         from sglang.srt.model_loader.default_model import resolve_model_path
 
         self.tool_call_parser, self.reasoning_parser = resolve_parsers(
-            ctx.server_args, resolve_model_path(ctx.server_args.model_path))
+            ctx.server_args, resolve_model_path(ctx.server_args.model_path, ctx.server_args.load_format))
 
     def _output(self, request) -> ChoiceOutput:
         return ChoiceOutput(request, self.tool_call_parser, self.reasoning_parser)
