@@ -42,7 +42,7 @@ from sglang.srt.managers.scheduler_output import OutputProcessor
 from sglang.srt.managers.scheduler_stats import SchedulerStats, embedding_info
 from sglang.srt.managers.role_factory import make_role
 from sglang.srt.managers.server_role import SchedulerFacade
-from sglang.srt.managers.tp_worker import TpModelWorker, WorkerBatch
+from sglang.srt.managers.tp_worker import WorkerBatch, make_worker
 from sglang.srt.utils.compute_turns import ComputeTurns
 
 logger = logging.getLogger(__name__)
@@ -53,10 +53,11 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 class Scheduler:
-    def __init__(self, server_args):
+    def __init__(self, server_args, placement=None):
         self.server_args = sa = server_args
         set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
-        self.worker = TpModelWorker(sa)  # loads the model
+        # loads the model (under TP, rank 0's shards: `placement`, managers/tp_worker.py)
+        self.worker = make_worker(sa, placement)
         self.model_config = self.worker.model_config
         self.device = self.worker.device
         self.memory = build_scheduler_memory(sa, self.worker)  # pools, radix tree, retraction store

@@ -24,6 +24,7 @@ import os
 import time
 import traceback
 
+from sglang.srt.distributed.parallel_state import TpPeerError
 from sglang.srt.utils.heartbeat import Heartbeat
 from sglang.srt.utils.process import notify_parent_and_exit
 from sglang.srt.managers.internal_channel import bind_private, recv_msg, send_msg
@@ -156,6 +157,8 @@ class SchedulerLoop:
         try:
             outs = s.step() if s.has_work() else s.take_outputs()
             self.consecutive_errors = 0
+        except TpPeerError:  # the TP ranks are out of step: nothing to contain
+            raise
         except Exception as e:  # noqa: BLE001 - contained below, or fatal after too many
             self.consecutive_errors += 1
             logger.error("Scheduler step failed (%d in a row); aborting the batch's requests:\n%s",
@@ -165,6 +168,7 @@ class SchedulerLoop:
             s.recover_from_step_error(e)
             outs = s.take_outputs()
         self.send_outputs(outs)
+        s.worker.keep_alive()  # TP: the other ranks hear from rank 0 at least once a second
 
     def send_outputs(self, outs) -> None:
         for out in outs:
@@ -177,9 +181,11 @@ class SchedulerLoop:
 
 
 def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False,
-                          heartbeat: Heartbeat = None) -> None:
+                          heartbeat: Heartbeat = None, placement=None) -> None:
     """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not).
-    `heartbeat`: the shared value the launcher reads (a private one when None)."""
+    `heartbeat`: the shared value the launcher reads (a private one when None). `placement`
+    (managers/tp_worker.py TpPlacement): under tensor parallelism this is rank 0 of its group,
+    bound to the placement's cores."""
     from sglang.srt.utils.process import configure_subprocess
 
     configure_subprocess("scheduler", server_args, torch_threads=0)
@@ -187,11 +193,12 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
         from sglang.srt.managers.scheduler import Scheduler
 
         if server_args.device == "cpu":  # the cores this scheduler's forwards own
-            from sglang.srt.utils.cpu_binding import bind_scheduler
+            from sglang.srt.utils.cpu_binding import bind_scheduler, bind_to_cores
 
-            logger.info(bind_scheduler(rank=0))
+            tp = placement is not None and placement.size > 1
+            logger.info(bind_to_cores(placement.cores) if tp else bind_scheduler(rank=0))
 
-        scheduler = Scheduler(server_args)
+        scheduler = Scheduler(server_args, placement)
         if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
             from sglang.srt.utils.host_memory import keep_freed_memory
 
