@@ -1,4 +1,4 @@
-"""Regenerates `python/sglang/srt/server_args_upstream_flags.py` from the flag table of
+"""Regenerates `python/sglang/srt/server_args/compat/upstream_only_flags.py` from the flag table of
 upstream-reference.md (Appendix A, sglang 0.5.23): every upstream CLI flag this fork has no field
 for, with the argument shape argparse needs to accept it.
 
@@ -71,7 +71,7 @@ def main(path: str) -> None:
         flags, kind = out[field]
         lines.append(f"    {field!r}: ({flags!r}, {kind!r}),")
     lines.append("}")
-    with open("python/sglang/srt/server_args_upstream_flags.py", "w") as f:
+    with open("python/sglang/srt/server_args/compat/upstream_only_flags.py", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"{len(out)} upstream-only flags")
 

@@ -86,8 +86,7 @@ def test_checker_finds_memory_internals_outside_mem_cache(tmp_path):
 
 
 SERVER_ARGS_NAMES = {"server_args", "sa", "args"}
-SERVER_ARGS_HOME = {"server_args.py", "server_args_fields.py", "server_args_cli.py", "server_args_compat.py",
-                    "server_args_resolution.py", "server_args_upstream_flags.py", "check_server_args.py"}
+SERVER_ARGS_HOME = {"check_server_args.py"}  # and every file of srt/server_args/
 
 
 def _receiver_name(node: ast.AST) -> str:
@@ -110,6 +109,6 @@ def test_no_defensive_getattr_on_requests_or_server_args():
             where = f"{path.relative_to(SRC)}:{node.lineno}"
             if receiver in ("req", "r"):
                 bad.append(f"{where} getattr({receiver}, ...)")
-            elif receiver in SERVER_ARGS_NAMES and len(node.args) == 3 and path.name not in SERVER_ARGS_HOME:
+            elif receiver in SERVER_ARGS_NAMES and len(node.args) == 3 and path.name not in SERVER_ARGS_HOME and "srt/server_args/" not in str(path):
                 bad.append(f"{where} getattr({receiver}, name, default)")
     assert not bad, "declared fields are read directly:\n" + "\n".join(bad)

@@ -17,9 +17,9 @@ import os
 import sys
 from typing import List, Optional
 
-from sglang.srt.server_args_compat import NO_EFFECT_WARNING, no_effect_settings
+from sglang.srt.server_args.compat import NO_EFFECT_WARNING, no_effect_settings
 from sglang.srt.server_args import ServerArgs, prepare_server_args
-from sglang.srt.server_args_resolution import infer_decode_retraction_backup
+from sglang.srt.server_args.resolution import infer_decode_retraction_backup
 
 SUMMARY_FIELDS = (
     "device",

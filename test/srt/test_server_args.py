@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from sglang.srt.server_args import PortArgs, ServerArgs, prepare_server_args
-from sglang.srt.server_args_resolution import gpu_memory_defaults
+from sglang.srt.server_args.resolution import gpu_memory_defaults
 from sglang.srt.utils import human_readable_int
 
 
@@ -346,7 +346,7 @@ def test_declaration_guards():
 
 
 def test_assignment_during_resolution_is_refused(monkeypatch):
-    import sglang.srt.server_args_resolution as res
+    import sglang.srt.server_args.resolution as res
 
     def bad_rule(sa):
         sa.page_size = 4

@@ -2,7 +2,7 @@
 
 The walk: each `ServerArgs` field is either read by the server's code (an attribute access, or its
 name passed to `getattr`/an option helper, outside the declaration and CLI modules) or listed in
-`server_args_compat.NO_EFFECT_FIELDS`; upstream flags without a field are accepted (with their
+`server_args/compat/no_effect_fields.py` (`NO_EFFECT_FIELDS`); upstream flags without a field are accepted (with their
 argument shape) and reported, unknown flags are refused with exit code 2.
 """
 
@@ -15,19 +15,20 @@ import sys
 import pytest
 
 from sglang.srt.server_args import ServerArgs, prepare_server_args
-from sglang.srt.server_args_compat import NO_EFFECT_FIELDS, NO_EFFECT_WARNING, no_effect_settings
-from sglang.srt.server_args_upstream_flags import UPSTREAM_ONLY_FLAGS
+from sglang.srt.server_args.compat import NO_EFFECT_FIELDS, NO_EFFECT_WARNING, no_effect_settings
+from sglang.srt.server_args.compat import UPSTREAM_ONLY_FLAGS
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "python" / "sglang"
 # Where fields are declared and parsed: a mention there is not a use.
-NOT_A_USE = {"server_args_fields.py", "server_args_cli.py", "server_args_compat.py", "server_args_upstream_flags.py"}
+NOT_A_USE = {"srt/server_args/fields.py", "srt/server_args/cli.py", "srt/server_args/compat/__init__.py",
+             "srt/server_args/compat/no_effect_fields.py", "srt/server_args/compat/upstream_only_flags.py"}
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "server_args.md"
 
 
 def _names_used_in_code() -> set:
     used = set()
     for path in SRC.rglob("*.py"):
-        if path.name in NOT_A_USE or "/test/" in str(path):
+        if str(path.relative_to(SRC)) in NOT_A_USE or "/test/" in str(path):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute):
@@ -44,6 +45,20 @@ def test_every_field_is_read_or_declared_without_effect():
     assert not orphans, f"fields neither read nor listed in NO_EFFECT_FIELDS: {orphans}"
     unknown = sorted(set(NO_EFFECT_FIELDS) - set(public))
     assert not unknown, f"NO_EFFECT_FIELDS names no field: {unknown}"
+
+
+def test_acting_fields_and_no_effect_fields_live_apart():
+    """A field is declared once: in `fields.py` if it acts, in `compat/no_effect_fields.py` if not."""
+    from sglang.srt.server_args import fields as acting
+    from sglang.srt.server_args.compat.no_effect_fields import NoEffectFields
+
+    groups = [cls for cls in vars(acting).values() if dataclasses.is_dataclass(cls)]
+    declared = [f.name for cls in groups for f in dataclasses.fields(cls)]
+    assert len(groups) >= 9 and len(declared) == len(set(declared))
+    assert not set(declared) & set(NO_EFFECT_FIELDS)
+    assert not [f.name for cls in groups for f in dataclasses.fields(cls) if "no_effect" in f.metadata]
+    assert all(f.metadata.get("no_effect") for f in dataclasses.fields(NoEffectFields))
+    assert set(declared) | set(NO_EFFECT_FIELDS) == {f.name for f in dataclasses.fields(ServerArgs)}
 
 
 def test_no_effect_list_is_documented():

@@ -79,7 +79,7 @@ class CacheConfig:
     enable_unified_cache_external_linker: bool = False
     enable_mamba_host_pool_backup: bool = False  # host-pool retraction allowed for hybrid SSM models
     disaggregation_decode_retraction_backup: Optional[str] = None  # as given (a decode server resolves it)
-    # Upstream-only switches that select a cache this build does not have (see server_args_compat).
+    # Upstream-only switches that select a cache this build does not have (see server_args/compat).
     enable_flexkv: bool = False
 
     @classmethod

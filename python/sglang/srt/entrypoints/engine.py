@@ -20,7 +20,7 @@ class Engine:
     def __init__(self, **kwargs):
         from sglang.srt.entrypoints.launch import launch_engine_processes
         from sglang.srt.server_args import ServerArgs
-        from sglang.srt.server_args_compat import warn_no_effect_flags
+        from sglang.srt.server_args.compat import warn_no_effect_flags
         from sglang.srt.utils.process import configure_logging
 
         server_args = kwargs.pop("server_args", None)

@@ -46,7 +46,7 @@ from sglang.srt.entrypoints.openai.serving_pooling import add_pooling_routes
 from sglang.srt.entrypoints.openai.serving_responses import add_responses_routes
 from sglang.srt.entrypoints.request_body import PARSE_ON_LOOP_MAX_BYTES, BodySizeLimit, clipped_errors, loads_json
 from sglang.srt.entrypoints.web_ui import add_web_routes
-from sglang.srt.server_args_compat import warn_no_effect_flags
+from sglang.srt.server_args.compat import warn_no_effect_flags
 from sglang.srt.entrypoints.server_lifecycle import (
     FAKE_BOOTSTRAP_HOST,
     ServerState,

@@ -12,7 +12,7 @@ from typing import Optional
 
 from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig
 from sglang.srt.mem_cache.memory_manager import MemoryManager, RetractionPlan, build_memory
-from sglang.srt.server_args_resolution import infer_decode_retraction_backup
+from sglang.srt.server_args.resolution import infer_decode_retraction_backup
 
 
 def build_scheduler_memory(sa, worker) -> MemoryManager:

@@ -93,7 +93,7 @@ class PrefillManagerMixin:
             "page_size": self.kv_args.page_size,
             "kv_cache_dtype": self.kv_args.kv_cache_dtype_str,
             "kv_layout": self.kv_args.kv_layout,
-            # "auto" resolves to follow_bootstrap_room on a prefill server (server_args_resolution)
+            # "auto" resolves to follow_bootstrap_room on a prefill server (server_args/resolution.py)
             "load_balance_method": "follow_bootstrap_room" if sa.load_balance_method == "auto" else sa.load_balance_method,
             "decode_allocation_policy": sa.disaggregation_decode_allocation_policy,
             "prefill_http_port": sa.port,

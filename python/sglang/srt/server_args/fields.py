@@ -2,9 +2,10 @@
 
 Each group is a plain dataclass; `ServerArgs` inherits all of them, so a field is declared once
 with its default, its CLI help, choices and aliases (in `metadata`), and the CLI parser is built
-from these declarations (`server_args_cli.add_cli_args_from_fields`). Flag name = `--` + field
+from these declarations (`cli.add_cli_args_from_fields`). Flag name = `--` + field
 name with `_` -> `-`. Upstream field names, defaults and choices are kept; fork-only differences
-are said in the help text.
+are said in the help text. Every field here acts; the upstream fields that are accepted but change
+nothing in this server live apart, in `compat/no_effect_fields.py`.
 
 No `from __future__ import annotations` here: the CLI builder reads the real types.
 """
@@ -12,7 +13,7 @@ No `from __future__ import annotations` here: the CLI builder reads the real typ
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional
 
-from sglang.srt import server_args_choices as C
+import sglang.srt.server_args.choices as C
 from sglang.srt.utils import human_readable_int
 
 _NO_FALLBACK = object()
@@ -34,11 +35,14 @@ def arg(
     no_cli: bool = False,
     fallback: Any = _NO_FALLBACK,
     nargs: Optional[str] = None,
+    no_effect: Optional[str] = None,
 ):
     """A dataclass field with the CLI metadata upstream keeps in `Arg(...)`.
 
     `fallback` is the value a field takes when neither the user nor any resolution rule gave
-    one (upstream `Arg(fallback=...)`, e.g. `swa_full_tokens_ratio` 0.8).
+    one (upstream `Arg(fallback=...)`, e.g. `swa_full_tokens_ratio` 0.8). `no_effect` is the
+    reason an upstream field is accepted but changes nothing here; such fields are declared only in
+    `compat/no_effect_fields.py`, apart from the fields that act.
     """
     metadata = {
         "help": help,
@@ -48,6 +52,8 @@ def arg(
         "no_cli": no_cli,
         "nargs": nargs,
     }
+    if no_effect is not None:
+        metadata["no_effect"] = no_effect
     if fallback is not _NO_FALLBACK:
         metadata["fallback"] = fallback
     return dataclasses.field(default=default, metadata=metadata)
@@ -70,11 +76,6 @@ class ModelFields:
     skip_tokenizer_init: bool = arg(
         False, "If set, skip init tokenizer and pass input_ids in generate request."
     )
-    load_format: str = arg(
-        "auto",
-        "The format of the model weights to load. 'dummy' initializes the weights randomly (for profiling).",
-        choices=C.LOAD_FORMAT_CHOICES,
-    )
     trust_remote_code: bool = arg(False, "Whether or not to allow custom models defined on the Hub in their own modeling files.")
     context_length: Optional[int] = arg(
         None,
@@ -82,8 +83,6 @@ class ModelFields:
         type_parser=human_readable_int,
     )
     is_embedding: bool = arg(False, "Whether to use a CausalLM as an embedding model.")
-    revision: Optional[str] = arg(None, "The specific model version to use (branch name, tag name, or commit id).")
-    json_model_override_args: str = arg("{}", "A dictionary in JSON string format used to override default model configurations.")
     dtype: str = arg(
         "auto",
         "Data type for model weights and activations. 'auto' uses FP16 for FP32 and FP16 models, "
@@ -138,26 +137,19 @@ class ServingFields:
     stream_interval: int = arg(
         1, "The interval (or buffer size) for streaming in terms of the token length. A smaller value makes streaming smoother."
     )
-    tokenizer_worker_num: int = arg(1, "The worker num of the tokenizer manager.")
-    file_storage_path: Optional[str] = arg(None, "The path of the file storage in backend.")
     enable_cache_report: bool = arg(
         False, "Return number of cached tokens in usage.prompt_tokens_details for each openai request."
     )
-    enable_streaming_session: bool = arg(False, "Enable streaming sessions (incremental multi-turn requests on one KV).")
     weight_version: str = arg("default", "Version identifier for the model weights, reported in meta_info.")
     allow_auto_truncate: bool = arg(False, "Allow automatically truncating requests that exceed the maximum input length.")
     watchdog_timeout: float = arg(
         300, "Set watchdog timeout in seconds. If a forward batch takes longer than this, the server will crash to prevent hanging."
     )
-    sleep_on_idle: bool = arg(False, "Reduce CPU usage when sglang is idle.")
     grammar_backend: Optional[str] = arg(
         None,
         "Choose the backend for grammar-guided decoding (json_schema, regex, ebnf, structural_tag). Defaults "
         "to xgrammar. Fork: outlines and llguidance are not installed; they warn at start and use xgrammar.",
         choices=C.GRAMMAR_BACKEND_CHOICES,
-    )
-    constrained_json_whitespace_pattern: Optional[str] = arg(
-        None, "(outlines backend only) Regex pattern for syntactic whitespaces allowed in JSON constrained output."
     )
     constrained_json_disable_any_whitespace: bool = arg(
         False, "(xgrammar backend only) Enforce compact representation in JSON constrained output."
@@ -197,7 +189,6 @@ class ObservabilityFields:
         choices=C.LOG_REQUESTS_LEVEL_CHOICES,
     )
     enable_metrics: bool = arg(False, "Enable log prometheus metrics (serves /metrics).")
-    show_time_cost: bool = arg(False, "Show time cost of custom marks.")
     decode_log_interval: int = arg(40, "The log interval of decode batch.")
 
 
@@ -228,11 +219,9 @@ class ScheduleFields:
     )
     schedule_policy: str = arg("fcfs", "The scheduling policy of the requests.", choices=C.SCHEDULE_POLICY_CHOICES)
     enable_priority_scheduling: bool = arg(False, "Enable priority scheduling. Requests with higher priority integer values will be scheduled first by default.")
-    disable_priority_preemption: bool = arg(False, "With priority scheduling, never preempt running requests for higher-priority ones.")
     default_priority_value: Optional[int] = arg(None, "Default priority for requests without a priority.")
     abort_on_priority_when_disabled: bool = arg(False, "Abort requests that specify a priority when priority scheduling is disabled.")
     schedule_low_priority_values_first: bool = arg(False, "If specified with --enable-priority-scheduling, the scheduler will schedule requests with lower priority integer values first.")
-    priority_scheduling_preemption_threshold: int = arg(10, "Minimum difference in priorities for an incoming request to preempt running request(s).")
     retraction_policy: str = arg(
         "length", "Which decode requests are retracted first when the KV pool is full.", choices=C.RETRACTION_POLICY_CHOICES
     )
@@ -246,10 +235,7 @@ class ScheduleFields:
         fallback=0.8,
     )
     _swa_full_tokens_ratio_explicitly_set: Optional[bool] = arg(None, "Whether --swa-full-tokens-ratio was given.", no_cli=True)
-    swa_prefix_tails: Optional[int] = arg(None, "Number of SWA prefix tail tokens kept per cached prefix.")
     disable_hybrid_swa_memory: bool = arg(False, "Disable the hybrid SWA memory pool (size SWA layers like full layers).")
-    disable_overlap_schedule: bool = arg(False, "Disable the overlap scheduler, which overlaps the CPU scheduler with GPU model worker.")
-    num_continuous_decode_steps: int = arg(1, "Run multiple continuous decoding steps to reduce scheduling overhead.")
     enable_mixed_chunk: bool = arg(False, "Enabling mixing prefill and decode in a batch when using chunked prefill.")
     max_mamba_cache_size: Optional[int] = arg(None, "The maximum size of the mamba cache.")
     mamba_full_memory_ratio: Optional[float] = arg(
@@ -264,10 +250,6 @@ class ScheduleFields:
 class MemoryFields:
     radix_eviction_policy: str = arg("lru", "The eviction policy of radix trees.", choices=C.RADIX_EVICTION_POLICY_CHOICES)
     _radix_eviction_policy_explicitly_set: bool = arg(False, "Whether --radix-eviction-policy was given.", no_cli=True)
-    radix_eviction_policy_config: Optional[Dict[str, Any]] = arg(
-        None, "JSON options of the eviction policy, e.g. '{\"threshold\": 4096, \"next_prompt_estimate\": 512}' for tlru.",
-        type_parser=json_dict,
-    )
     disable_radix_cache: bool = arg(False, "Disable RadixAttention for prefix caching.")
     enable_session_radix_cache: bool = arg(False, "Enable the session-aware radix cache.")
     radix_cache_backend: Optional[str] = arg(None, "Name of a registered radix cache backend to use instead of the default.")
@@ -281,20 +263,8 @@ class MemoryFields:
         "Defaults to 2.0 in cache mode, 1.2 in buffer_only mode, or 0.2 for backup-only host-pool decode retraction.",
     )
     hicache_size: int = arg(0, "The size of host KV cache memory pool in gigabytes, which will override the hicache_ratio if set.")
-    hicache_host_memory_fraction: Optional[float] = arg(
-        0.8, "Upper bound of the host pool as a fraction of the available host memory; must be in (0, 1]."
-    )
-    hicache_write_policy: str = arg("write_through", "The write policy of hierarchical cache.", choices=C.HICACHE_WRITE_POLICY_CHOICES)
-    hicache_io_backend: str = arg("kernel", "The IO backend for KV cache transfer between CPU and GPU.", choices=C.HICACHE_IO_BACKEND_CHOICES)
-    hicache_mem_layout: str = arg("page_first", "The layout of host memory pool for hierarchical cache.", choices=C.HICACHE_MEM_LAYOUT_CHOICES)
-    hicache_storage_backend: Optional[str] = arg(None, "The storage backend for hierarchical KV cache.", choices=C.HICACHE_STORAGE_BACKEND_CHOICES)
-    hicache_storage_prefetch_policy: str = arg(
-        "timeout", "Control when prefetching from the storage backend should stop.", choices=C.HICACHE_STORAGE_PREFETCH_POLICY_CHOICES
-    )
-    hicache_storage_backend_extra_config: Optional[str] = arg(None, "A JSON string (or @file) with extra config for the storage backend.")
     enable_unified_cache_external_linker: bool = arg(False, "Link the unified radix cache to an external KV store.")
     enable_lmcache: bool = arg(False, "Use LMCache as an alternative hierarchical cache solution.")
-    lmcache_config_file: Optional[str] = arg(None, "Path of the LMCache config file.")
 
 
 @dataclasses.dataclass
@@ -336,7 +306,6 @@ class DisaggFields:
         "Fork: slots of the host Mamba-state pool for host_pool retraction backups. Default: one per page the "
         "host KV pool holds, at most the device Mamba pool's slot count.",
     )
-    disaggregation_decode_enable_offload_kvcache: bool = arg(False, "Enable async KV cache offloading on decode server (PD mode).")
     disaggregation_decode_enable_radix_cache: bool = arg(
         False, "Enable the radix cache on the decode server (experimental; the decode server disables it by default)."
     )
@@ -346,12 +315,7 @@ class DisaggFields:
     disaggregation_decode_allocation_policy: str = arg(
         "early", "When the decode server allocates KV for an incoming transfer.", choices=C.DECODE_ALLOCATION_POLICY_CHOICES
     )
-    disaggregation_decode_extra_slots: Optional[int] = arg(None, "Extra request slots preallocated on the decode server.")
-    disaggregation_decode_polling_interval: int = arg(
-        1, "The interval to poll requests in decode server. Can be set to >1 to reduce the overhead of this."
-    )
     num_reserved_decode_tokens: int = arg(512, "Number of decode tokens that will have memory reserved when adding new request to the running batch.")
-    disaggregation_enable_kv_checksum: bool = arg(False, "Verify transferred KV pages with an Adler-32 checksum.")
     optimistic_prefill_attempts: int = arg(
         0, "Number of optimistic prefill attempts (prefill_complete allocation policy). Here any value > 0 lets a prefill "
         "server compute a prompt before the decode server's KV slots arrive (the KV is kept, not recomputed)."
@@ -360,32 +324,16 @@ class DisaggFields:
 
 @dataclasses.dataclass
 class ParallelFields:
-    tp_size: int = arg(1, "The tensor parallelism size.", aliases=("--tensor-parallel-size",))
-    dp_size: int = arg(1, "The data parallelism size.", aliases=("--data-parallel-size",))
-    pp_size: int = arg(1, "The pipeline parallelism size.", aliases=("--pipeline-parallel-size",))
-    ep_size: int = arg(1, "The expert parallelism size.", aliases=("--expert-parallel-size", "--ep"))
-    attn_dp_size: int = arg(1, "The attention data parallelism size.", aliases=("--attention-data-parallel-size",))
-    attn_cp_size: int = arg(1, "The attention context parallelism size.", aliases=("--attention-context-parallel-size",))
-    dcp_size: int = arg(1, "The decode context parallelism size.", aliases=("--decode-context-parallel-size",))
     load_balance_method: str = arg(
         "auto",
         "The load balancing strategy for data parallelism. 'auto' picks follow_bootstrap_room on a PD prefill server, else round_robin.",
         choices=C.LOAD_BALANCE_METHOD_CHOICES,
     )
-    nnodes: int = arg(1, "The number of nodes.")
-    node_rank: int = arg(0, "The node rank.")
-    dist_init_addr: Optional[str] = arg(
-        None, "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).", aliases=("--nccl-init-addr",)
-    )
-    dist_timeout: Optional[int] = arg(None, "Set timeout for torch.distributed initialization.")
-    nccl_port: Optional[int] = arg(None, "The port for NCCL distributed environment setup. Defaults to a random port.")
 
 
 @dataclasses.dataclass
 class DeviceFields:
     device: Optional[str] = arg(None, "The device to use ('cuda', 'cpu', ...). Defaults to cuda if available, else cpu.")
-    base_gpu_id: int = arg(0, "The base GPU ID to start allocating GPUs from.")
-    gpu_id_step: int = arg(1, "The delta between consecutive GPU IDs that are used.")
     random_seed: Optional[int] = arg(None, "The random seed. Defaults to a random value.")
 
 
@@ -396,18 +344,6 @@ class ExecFields:
         "Choose the kernels for attention layers. Fork defaults: torch_native on --device cpu, triton on cuda.",
         choices=C.ATTENTION_BACKEND_CHOICES,
     )
-    prefill_attention_backend: Optional[str] = arg(
-        None, "Choose the kernels for prefill attention layers (have priority over --attention-backend).", choices=C.ATTENTION_BACKEND_CHOICES
-    )
-    decode_attention_backend: Optional[str] = arg(
-        None, "Choose the kernels for decode attention layers (have priority over --attention-backend).", choices=C.ATTENTION_BACKEND_CHOICES
-    )
-    sampling_backend: Optional[str] = arg(
-        None, "Choose the kernels for sampling layers. Fork default: pytorch.", choices=C.SAMPLING_BACKEND_CHOICES
-    )
     triton_attention_num_kv_splits: int = arg(8, "The number of KV splits in flash decoding Triton kernel.")
-    triton_attention_reduce_in_fp32: bool = arg(False, "Cast the intermediate attention results to fp32 (triton backend).")
-    disable_cuda_graph: bool = arg(False, "Disable cuda graph (deprecated upstream spelling; a no-op on CPU).")
-    enable_torch_compile: bool = arg(False, "Optimize the model with torch.compile. Experimental feature.")
     enable_fp32_lm_head: bool = arg(False, "If set, the LM head outputs (logits) are in FP32: the LM head's sums "
                                            "in fp32, not rounded to the model dtype first.")

@@ -3,7 +3,7 @@
 Why the record works the way it does (upstream's "declarations", reference section 1.2):
 operators need to see both what they asked for and what the server decided. So construction
 keeps the input as given (`raw_input()`), runs the resolution rules in upstream's order
-(`server_args_resolution.RESOLUTION_PIPELINE`), and each rule *declares* its decisions under the
+(`resolution.RESOLUTION_PIPELINE`), and each rule *declares* its decisions under the
 name of the upstream handler that makes them instead of assigning fields. After the last rule
 the declarations are applied to the attributes, so consumers simply read `server_args.page_size`
 and get the resolved value; `resolution_source("page_size")` says which rule chose it and
@@ -25,8 +25,9 @@ import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from sglang.srt.server_args_cli import add_cli_args_from_fields, namespace_to_kwargs, parse_with_config
-from sglang.srt.server_args_fields import (
+from sglang.srt.server_args.cli import add_cli_args_from_fields, namespace_to_kwargs, parse_with_config
+from sglang.srt.server_args.compat.no_effect_fields import NoEffectFields
+from sglang.srt.server_args.fields import (
     DeviceFields,
     DisaggFields,
     ExecFields,
@@ -37,7 +38,7 @@ from sglang.srt.server_args_fields import (
     ScheduleFields,
     ServingFields,
 )
-from sglang.srt.server_args_resolution import ServerArgsAssertionError, run_resolution_pipeline
+from sglang.srt.server_args.resolution import ServerArgsAssertionError, run_resolution_pipeline
 from sglang.srt.utils import get_free_port_below_ephemeral, is_valid_ipv6_address, split_host_port
 
 logger = logging.getLogger(__name__)
@@ -74,9 +75,11 @@ class _ResolvingView:
         raise AttributeError("ResolvingConfig is read-only; resolution writes through declarations")
 
 
-# Bases are listed in reverse so that `model_path` is the first positional field, as upstream.
+# Bases are listed in reverse so that `model_path` is the first positional field, as upstream;
+# the no-effect fields come last.
 @dataclasses.dataclass
 class ServerArgs(
+    NoEffectFields,
     ExecFields,
     DeviceFields,
     ParallelFields,
@@ -260,7 +263,7 @@ class ServerArgs(
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
         """`ServerArgs(**kwargs)` that also accepts upstream-only field names (`Engine(**kwargs)`):
         those are kept in `ignored_upstream_args` and reported as having no effect."""
-        from sglang.srt.server_args_upstream_flags import UPSTREAM_ONLY_FLAGS
+        from sglang.srt.server_args.compat.upstream_only_flags import UPSTREAM_ONLY_FLAGS
 
         ignored = {k: kwargs.pop(k) for k in list(kwargs) if k not in _FIELD_NAMES and k in UPSTREAM_ONLY_FLAGS}
         sa = cls(**kwargs)
@@ -272,9 +275,9 @@ UPSTREAM_DEST_PREFIX = "_upstream__"
 
 
 def add_upstream_only_flags(parser: argparse.ArgumentParser) -> None:
-    """Upstream's flags without a field here: accepted with their argument shape (`server_args_compat`)."""
-    from sglang.srt.server_args_compat import NO_EFFECT_WARNING
-    from sglang.srt.server_args_upstream_flags import UPSTREAM_ONLY_FLAGS
+    """Upstream's flags without a field here: accepted with their argument shape (`compat/`)."""
+    from sglang.srt.server_args.compat import NO_EFFECT_WARNING
+    from sglang.srt.server_args.compat.upstream_only_flags import UPSTREAM_ONLY_FLAGS
 
     taken = set(parser._option_string_actions)
     for field, (flags, kind) in UPSTREAM_ONLY_FLAGS.items():
