@@ -91,7 +91,7 @@ def init_tp_group(rank: int, size: int, init_addr: str, device: str = "cpu",
         raise RuntimeError(f"TP rank {rank} of {size} could not join the group at --dist-init-addr {init_addr} "
                            f"within {init_s:.0f} s: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     _GROUP = TpGroup(rank, size, backend, device)
-    logger.info(f"TP rank {rank} of {size} joined the group at {init_addr} ({backend}; collectives time out "
+    logger.info(f"TP rank {rank} of {size} (pid {os.getpid()}) joined the group at {init_addr} ({backend}; collectives time out "
                 f"after {collective_timeout_s():.0f} s)")
     return _GROUP
 

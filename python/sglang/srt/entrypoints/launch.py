@@ -1,5 +1,12 @@
 """Starts the engine's processes: scheduler and detokenizer subprocesses, and the
-TokenizerManager in this process. Shared by `Engine` and `launch_server`."""
+TokenizerManager in this process. Shared by `Engine` and `launch_server`.
+
+Tensor parallelism (--tp-size N, docs/parallelism.md): N scheduler processes, one per rank
+(`start_tp_ranks`, which a data-parallel controller can call once per replica with that
+replica's placements: ranks, store address, cores). Rank 0 is the scheduler the tokenizer talks
+to; the others run `managers/tp_group_worker.py` followers. With --nnodes > 1 each node starts its
+own ranks (`tp_placements`); node 0 also runs the tokenizer, detokenizer and HTTP server, the
+other nodes only their ranks (`run_nonzero_node`)."""
 
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ class EngineProcesses:
     port_args: object
     bootstrap_server: object = None  # PD prefill: where decode servers find this server's KV ranks
     heartbeat: object = None  # utils/heartbeat.py: the scheduler loop's, in shared memory (read by /health)
+
+    tp_ranks: List[mp.Process] = None  # TP ranks other than 0 started by this node (also in `processes`)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -84,26 +93,28 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     """`notify_parent`: children send SIGQUIT to this process on a fatal error (a server, which
     handles it); an `Engine` host watches its children instead."""
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.managers.internal_channel import internal_codec
-    from sglang.srt.model_loader.loader import check_model_servable
+    from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
     from sglang.srt.server_args import PortArgs
     from sglang.srt.utils.heartbeat import Heartbeat
 
     internal_codec()  # a bad SGLANG_INTERNAL_SECRET fails here, before any process starts
     check_model_servable(server_args.model_path)  # a config we cannot serve: one line, nothing spawned
+    check_tp_servable(server_args.model_path, server_args.tp_size)
+    if server_args.node_rank != 0:
+        raise ValueError("--node-rank > 0 runs only its TP ranks: start it with `python -m sglang.launch_server` "
+                         "(an Engine serves from node 0)")
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
     heartbeat = Heartbeat(ctx)
-    sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
-    scheduler = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, sched_w, notify_parent, heartbeat),
-                            name="sglang::scheduler", daemon=True)
-    scheduler.start()
-    procs = EngineProcesses(None, {}, [scheduler], port_args, bootstrap_server, heartbeat)
+    ranks = start_tp_ranks(server_args, port_args, tp_placements(server_args, port_args), ctx, notify_parent, heartbeat)
+    scheduler, sched_r = ranks[0]
+    procs = EngineProcesses(None, {}, [p for p, _ in ranks], port_args, bootstrap_server, heartbeat,
+                            tp_ranks=[p for p, _ in ranks[1:]])
     try:
         # Loaded once here, while the scheduler loads the model; the detokenizer gets a copy.
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args)
@@ -112,7 +123,7 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
                             name="sglang::detokenizer", daemon=True)
         detok.start()
         procs.processes.append(detok)
-        info = _wait_ready(sched_r, scheduler, "scheduler")
+        info = _wait_all_ready([(r, p, p.name) for p, r in ranks])[0]
         _wait_ready(detok_r, detok, "detokenizer")
     except Exception:
         procs.shutdown()
@@ -125,6 +136,108 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive,
                                                tokenizer=tokenizer)
     return procs
+
+
+def tp_placements(server_args, port_args=None, node_rank=None):
+    """This node's TP ranks (`TpPlacement`s): --tp-size / --nnodes of them, from rank
+    node_rank * that; the group meets at --dist-init-addr, else on this host at the nccl port;
+    cores from SGLANG_CPU_OMP_THREADS_BIND ("|" between this node's ranks) or split evenly
+    (utils/cpu_binding.py tp_core_groups). A single rank: one placement with no cores (the
+    scheduler binds itself as before)."""
+    from sglang.srt.managers.tp_worker import TpPlacement
+    from sglang.srt.utils.cpu_binding import tp_core_groups
+
+    tp, nnodes = int(server_args.tp_size), int(server_args.nnodes)
+    node = int(server_args.node_rank if node_rank is None else node_rank)
+    if tp == 1:
+        return [TpPlacement()]
+    per_node = tp // nnodes
+    addr = server_args.dist_init_addr
+    if not addr:
+        port = port_args.nccl_port if port_args is not None else server_args.nccl_port
+        addr = f"127.0.0.1:{port}"
+    cores = tp_core_groups(per_node) if (server_args.device or "cpu") == "cpu" else [None] * per_node
+    return [TpPlacement(rank=node * per_node + i, size=tp, init_addr=addr, cores=cores[i], local_rank=i)
+            for i in range(per_node)]
+
+
+def start_tp_ranks(server_args, port_args, placements, ctx, notify_parent: bool = False, heartbeat=None) -> list:
+    """Starts one process per placement: rank 0 is the scheduler (it serves `port_args`' sockets),
+    any other rank a follower. Returns [(process, ready pipe)] in the placements' order; the
+    processes have started (not yet joined their group: wait on the pipes)."""
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.managers.tp_group_worker import run_tp_follower_process
+
+    out = []
+    for placement in placements:
+        reader, writer = ctx.Pipe(duplex=False)
+        if placement.rank == 0:
+            proc = ctx.Process(target=run_scheduler_process,
+                               args=(server_args, port_args, writer, notify_parent, heartbeat, placement),
+                               name="sglang::scheduler", daemon=True)
+        else:
+            proc = ctx.Process(target=run_tp_follower_process, args=(server_args, placement, writer, notify_parent),
+                               name=f"sglang::scheduler_TP{placement.rank}", daemon=True)
+        proc.start()
+        out.append((proc, reader))
+    return out
+
+
+def run_nonzero_node(server_args) -> int:
+    """--node-rank > 0: starts this node's TP ranks and waits on them (no tokenizer, detokenizer
+    or HTTP server: node 0 serves). Returns the exit code: 0 when the ranks were stopped cleanly,
+    else non-zero, with the failing rank named in the log."""
+    import time
+
+    from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
+
+    check_model_servable(server_args.model_path)
+    check_tp_servable(server_args.model_path, server_args.tp_size)
+    ctx = mp.get_context("spawn")
+    ranks = start_tp_ranks(server_args, None, tp_placements(server_args), ctx, notify_parent=False)
+    procs = [p for p, _ in ranks]
+    try:
+        _wait_all_ready([(r, p, p.name) for p, r in ranks])
+        logger.info(f"Node {server_args.node_rank}: TP ranks {[p.name for p in procs]} joined the group at "
+                    f"{server_args.dist_init_addr}; node 0 serves HTTP. Waiting on the ranks.")
+        while all(p.is_alive() for p in procs):
+            time.sleep(0.2)
+        dead = next(p for p in procs if not p.is_alive())
+        code = dead.exitcode
+        if code:
+            logger.error(f"Node {server_args.node_rank}: {dead.name} exited with code {code}; stopping this node.")
+        return 1 if code else 0
+    except Exception as e:  # noqa: BLE001 - one line, then the exit code
+        logger.error(f"Node {server_args.node_rank} failed to start: {e}")
+        return 1
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+
+
+def _wait_all_ready(waits) -> list:
+    """[(pipe, process, name)] -> their ready messages; raises as soon as one fails or dies (a
+    TP rank that cannot join its group fails in bounded time, and says so on its pipe)."""
+    results = [None] * len(waits)
+    pending = set(range(len(waits)))
+    while pending:
+        for i in sorted(pending):
+            pipe, proc, name = waits[i]
+            if pipe.poll(timeout=0.1):
+                msg = pipe.recv()
+                if isinstance(msg, dict) and "error" in msg:
+                    raise RuntimeError(f"The {name} process failed to start:\n{msg['error']}")
+                results[i] = msg
+                pending.discard(i)
+            elif not proc.is_alive():
+                raise RuntimeError(f"The {name} process exited during start-up (exit code {proc.exitcode}). "
+                                   "Check the log above.")
+    return results
 
 
 def _start_bootstrap_server(server_args):

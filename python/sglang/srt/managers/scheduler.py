@@ -42,7 +42,8 @@ from sglang.srt.managers.scheduler_output import OutputProcessor
 from sglang.srt.managers.scheduler_stats import SchedulerStats, embedding_info
 from sglang.srt.managers.role_factory import make_role
 from sglang.srt.managers.server_role import SchedulerFacade
-from sglang.srt.managers.tp_worker import WorkerBatch, make_worker
+from sglang.srt.managers.tp_group_worker import make_worker
+from sglang.srt.managers.tp_worker import WorkerBatch
 from sglang.srt.utils.compute_turns import ComputeTurns
 
 logger = logging.getLogger(__name__)

@@ -220,6 +220,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
     except SystemExit:  # SIGTERM from the parent: a normal shutdown
         from sglang.srt.utils.process import exit_after_cleanup
 
+        getattr(scheduler.worker, "stop_followers", lambda: None)()  # TP: the other ranks exit too
         loop.ctx.destroy(linger=0)
         exit_after_cleanup(0)
     except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero

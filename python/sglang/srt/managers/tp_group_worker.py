@@ -142,6 +142,14 @@ class TpGroupWorker(ModelWorker):
             pass
 
 
+def make_worker(server_args, placement: Optional[TpPlacement] = None) -> ModelWorker:
+    """The plain worker, or under TP rank 0's worker (it sends each planned batch to the other
+    ranks, which run the same forward on their shards)."""
+    if placement is not None and placement.size > 1:
+        return TpGroupWorker(server_args, placement)
+    return TpModelWorker(server_args, placement)
+
+
 class TpFollower:
     """A rank other than 0: runs each plan rank 0 sends, until STOP."""
 
@@ -180,8 +188,9 @@ def run_tp_follower_process(server_args, placement: TpPlacement, ready_pipe, not
     from sglang.srt.utils.process import configure_subprocess, notify_parent_and_exit
 
     configure_subprocess(f"TP{placement.rank}", server_args, torch_threads=0)
-    # Nothing to clean up here, and a rank blocked in a collective could not run a Python handler.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A rank blocked in a collective could not run a Python handler: it leaves when rank 0 says
+    # STOP (rank 0's own shutdown), when rank 0 is gone (its collectives fail), or by SIGKILL.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         if server_args.device == "cpu":
             from sglang.srt.utils.cpu_binding import bind_to_cores
@@ -199,4 +208,6 @@ def run_tp_follower_process(server_args, placement: TpPlacement, ready_pipe, not
     except BaseException as e:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero
         logger.error(f"TP rank {placement.rank} is leaving the group: {type(e).__name__}: {e}")
         notify_parent_and_exit(1, notify_parent)
-    notify_parent_and_exit(0, False)
+    from sglang.srt.utils.process import exit_after_cleanup
+
+    exit_after_cleanup(0)

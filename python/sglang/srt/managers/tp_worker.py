@@ -8,7 +8,7 @@
 `ModelWorker` is the interface the scheduler sees. `TpModelWorker` (upstream's name) is the plain
 worker: one process, one model (under tensor parallelism: this rank's shards). The TP rank-0
 worker (`tp_group_worker.py` TpGroupWorker: sends each planned batch to the other ranks, which
-run the same forward; `make_worker` picks it) and a speculative worker (draft, then verify with
+run the same forward; `tp_group_worker.make_worker` picks it) and a speculative worker (draft, then verify with
 the target worker) are alternatives behind the same four calls; a multi-LoRA batch carries its adapter
 segments in `WorkerBatch`. The worker never sees requests, queues or memory accounting: only the
 `ForwardBatch` and what sampling needs.
@@ -85,16 +85,6 @@ class ModelWorker(abc.ABC):
     def keep_alive(self) -> None:
         """Called every turn of the scheduler loop, busy or idle (a TP rank 0 tells the other
         ranks it is alive, managers/tp_group_worker.py); nothing for a single process."""
-
-
-def make_worker(server_args, placement: Optional[TpPlacement] = None) -> ModelWorker:
-    """The plain worker, or under TP rank 0's worker (it sends each planned batch to the other
-    ranks, which run the same forward on their shards)."""
-    if placement is not None and placement.size > 1:
-        from sglang.srt.managers.tp_group_worker import TpGroupWorker
-
-        return TpGroupWorker(server_args, placement)
-    return TpModelWorker(server_args, placement)
 
 
 class TpModelWorker(ModelWorker):

@@ -115,6 +115,12 @@ def check_tp_servable(model_path: str, tp_size: int) -> None:
             f"serves LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM); "
             f"serve it with --tp-size 1")
     text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+    if path is not None:
+        from sglang.srt.configs.model_config import ModelConfig
+
+        if ModelConfig.from_dict(cfg, str(model_path)).is_hybrid_swa:
+            raise ModelConfigError(f"--tp-size {tp_size}: sliding-window layers beside full ones (hybrid SWA pools) "
+                                   "are not tensor-parallel in this build; serve it with --tp-size 1")
     heads = text.get("num_attention_heads")
     kv = text.get("num_key_value_heads") or heads
     checks = [("num_attention_heads", heads, heads is not None and heads % tp_size == 0),

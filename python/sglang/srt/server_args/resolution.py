@@ -446,6 +446,28 @@ def _check_lmcache(cfg) -> None:
 
 
 # Upstream's pipeline order (reference 1.2), restricted to the rules above.
+def check_tensor_parallel(sa) -> None:
+    """--tp-size / --nnodes / --node-rank / --dist-init-addr: a layout the launcher can start,
+    else one line before anything starts."""
+    cfg = sa._view()
+    if cfg.tp_size < 1 or cfg.nnodes < 1:
+        raise ValueError(f"--tp-size ({cfg.tp_size}) and --nnodes ({cfg.nnodes}) must be at least 1")
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(f"--node-rank {cfg.node_rank} is not in [0, --nnodes {cfg.nnodes})")
+    if cfg.tp_size % cfg.nnodes:
+        raise ValueError(f"--tp-size {cfg.tp_size} must be a multiple of --nnodes {cfg.nnodes} (the same number of "
+                         "ranks on every node)")
+    if cfg.nnodes > 1 and not cfg.dist_init_addr:
+        raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)")
+    if cfg.dist_init_addr:
+        from sglang.srt.utils import split_host_port
+
+        split_host_port(cfg.dist_init_addr)  # upstream's error for a malformed address
+    if cfg.tp_size > 1 and cfg.disaggregation_mode != "null":
+        raise ValueError(f"--tp-size {cfg.tp_size} with --disaggregation-mode {cfg.disaggregation_mode} is not supported "
+                         "yet: the KV transfer moves one rank's pages; run PD servers with --tp-size 1")
+
+
 RESOLUTION_PIPELINE = (
     handle_hicache_ratio_default,
     handle_missing_default_values,
@@ -460,6 +482,7 @@ RESOLUTION_PIPELINE = (
     handle_hicache,
     handle_load_balance_method,
     handle_cache_compatibility,
+    check_tensor_parallel,
 )
 
 
