@@ -76,6 +76,9 @@ def init_tp_group(rank: int, size: int, init_addr: str, device: str = "cpu",
         torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
     init_s = float(init_timeout_s or DEFAULT_INIT_TIMEOUT_S)
     host, _, port = init_addr.rpartition(":")
+    if host.strip("[]") in ("127.0.0.1", "localhost", "::1"):
+        # One host: gloo's connections stay on loopback (else it picks the hostname's interface).
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # The TCP store waits `init_s` for its peers; collectives afterwards wait collective_timeout_s.
     try:
         store = dist.TCPStore(host.strip("[]"), int(port), world_size=size, is_master=(rank == 0),
