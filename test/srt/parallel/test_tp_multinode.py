@@ -50,14 +50,16 @@ def nodes(tmp_path):
     model = make_tiny_model(str(tmp_path / "llama"), "llama", seed=7)
     cores = sorted(os.sched_getaffinity(0))
     addr, port = f"127.0.0.1:{find_free_port()}", find_free_port()
-    node1 = _node(model, find_free_port(), 1, addr, str(tmp_path / "node1.log"), str(cores[-1]))
+    port1 = find_free_port()
+    node1 = _node(model, port1, 1, addr, str(tmp_path / "node1.log"), str(cores[-1]))
     node0 = _node(model, port, 0, addr, str(tmp_path / "node0.log"), str(cores[0]))
     try:
         wait_healthy_or_stop(node0, port, timeout=240)
     except BaseException:
         _kill_tree(node1)
         raise
-    yield {"url": f"http://127.0.0.1:{port}", "model": model, "node0": node0, "node1": node1}
+    yield {"url": f"http://127.0.0.1:{port}", "url1": f"http://127.0.0.1:{port1}", "model": model, "node0": node0,
+           "node1": node1}
     stop_server(node0)
     _kill_tree(node1)
     node1.wait(timeout=30)
@@ -70,6 +72,9 @@ def test_two_nodes_greedy_equal_hf_then_node1_dies(nodes):
     assert [o["output_ids"] for o in r.json()] == hf_tokens(nodes["model"], ids)
     log1 = read_log(nodes["node1"])
     assert "node 0 serves HTTP" in log1 and "Uvicorn running" not in log1
+    # As upstream, node 1 answers health probes only.
+    assert requests.get(nodes["url1"] + "/health", timeout=10).status_code == 200
+    assert requests.post(nodes["url1"] + "/generate", json={"text": "x"}, timeout=10).status_code in (404, 501)
 
     _kill_tree(nodes["node1"])  # the whole second node goes away
     t0 = time.monotonic()

@@ -185,8 +185,10 @@ def start_tp_ranks(server_args, port_args, placements, ctx, notify_parent: bool 
 
 def run_nonzero_node(server_args) -> int:
     """--node-rank > 0: starts this node's TP ranks and waits on them (no tokenizer, detokenizer
-    or HTTP server: node 0 serves). Returns the exit code: 0 when the ranks were stopped cleanly,
-    else non-zero, with the failing rank named in the log."""
+    or API: node 0 serves). As upstream, --host:--port answers only `GET /health` and
+    `/health_generate` (200 while this node's ranks run, 503 otherwise) for orchestrators. Returns
+    the exit code: 0 when the ranks were stopped cleanly, else non-zero, with the failing rank
+    named in the log."""
     import time
 
     from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
@@ -196,8 +198,10 @@ def run_nonzero_node(server_args) -> int:
     ctx = mp.get_context("spawn")
     ranks = start_tp_ranks(server_args, None, tp_placements(server_args), ctx, notify_parent=False)
     procs = [p for p, _ in ranks]
+    health = None
     try:
         _wait_all_ready([(r, p, p.name) for p, r in ranks])
+        health = _node_health_server(server_args.host, server_args.port, lambda: all(p.is_alive() for p in procs))
         logger.info(f"Node {server_args.node_rank}: TP ranks {[p.name for p in procs]} joined the group at "
                     f"{server_args.dist_init_addr}; node 0 serves HTTP. Waiting on the ranks.")
         while all(p.is_alive() for p in procs):
@@ -211,6 +215,9 @@ def run_nonzero_node(server_args) -> int:
         logger.error(f"Node {server_args.node_rank} failed to start: {e}")
         return 1
     finally:
+        if health is not None:
+            health.shutdown()
+            health.server_close()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -218,6 +225,29 @@ def run_nonzero_node(server_args) -> int:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+
+
+def _node_health_server(host: str, port: int, healthy):
+    """A thread serving GET /health and /health_generate on a node other than 0 (nothing else)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.split("?")[0] not in ("/health", "/health_generate"):
+                self.send_error(404, "node 0 serves the API")
+                return
+            ok = healthy()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):  # probes are not worth a log line
+            pass
+
+    server = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name="sglang-node-health", daemon=True).start()
+    return server
 
 
 def _wait_all_ready(waits) -> list:
