@@ -138,25 +138,30 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     return procs
 
 
-def tp_placements(server_args, port_args=None, node_rank=None):
+def tp_placements(server_args, port_args=None, node_rank=None, core_groups=None, init_addr=None):
     """This node's TP ranks (`TpPlacement`s): --tp-size / --nnodes of them, from rank
-    node_rank * that; the group meets at --dist-init-addr, else on this host at the nccl port;
-    cores from SGLANG_CPU_OMP_THREADS_BIND ("|" between this node's ranks) or split evenly
-    (utils/cpu_binding.py tp_core_groups). A single rank: one placement with no cores (the
-    scheduler binds itself as before)."""
+    node_rank * that; the group meets at `init_addr`, else --dist-init-addr, else on this host at
+    the nccl port; cores from `core_groups` (one list per local rank), else
+    SGLANG_CPU_OMP_THREADS_BIND ("|" between this node's ranks) or split evenly
+    (utils/cpu_binding.py tp_core_groups). A single rank without `core_groups`: one placement
+    with no cores (the scheduler binds itself as before). A data-parallel controller passes each
+    replica its own cores and store address."""
     from sglang.srt.managers.tp_worker import TpPlacement
     from sglang.srt.utils.cpu_binding import tp_core_groups
 
     tp, nnodes = int(server_args.tp_size), int(server_args.nnodes)
     node = int(server_args.node_rank if node_rank is None else node_rank)
     if tp == 1:
-        return [TpPlacement()]
+        return [TpPlacement(cores=core_groups[0] if core_groups else None)]
     per_node = tp // nnodes
-    addr = server_args.dist_init_addr
+    addr = init_addr or server_args.dist_init_addr
     if not addr:
         port = port_args.nccl_port if port_args is not None else server_args.nccl_port
         addr = f"127.0.0.1:{port}"
-    cores = tp_core_groups(per_node) if (server_args.device or "cpu") == "cpu" else [None] * per_node
+    if core_groups is not None:
+        cores = list(core_groups)
+    else:
+        cores = tp_core_groups(per_node) if (server_args.device or "cpu") == "cpu" else [None] * per_node
     return [TpPlacement(rank=node * per_node + i, size=tp, init_addr=addr, cores=cores[i], local_rank=i)
             for i in range(per_node)]
 

@@ -195,8 +195,8 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
         if server_args.device == "cpu":  # the cores this scheduler's forwards own
             from sglang.srt.utils.cpu_binding import bind_scheduler, bind_to_cores
 
-            tp = placement is not None and placement.size > 1
-            logger.info(bind_to_cores(placement.cores) if tp else bind_scheduler(rank=0))
+            given = placement is not None and (placement.size > 1 or placement.cores is not None)
+            logger.info(bind_to_cores(placement.cores) if given else bind_scheduler(rank=0))
 
         scheduler = Scheduler(server_args, placement)
         if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
