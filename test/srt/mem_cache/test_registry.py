@@ -147,12 +147,15 @@ def test_pure_swa_model_on_a_plain_pool():
 
 def test_mamba_model_radix_cache_has_the_mamba_component(caplog):
     from sglang.srt.mem_cache.mamba_pool import MambaPool
+    from sglang.srt.mem_cache.state_slots import StateSlots
 
     caplog.set_level(logging.INFO, logger="sglang.srt.mem_cache.registry")
     with pytest.raises(ValueError, match="MambaPool"):  # the component holds states in the pool
         create_tree_cache(_ctx(NEMOTRON_H))
     pool = MambaPool(4, 1, (8, 3), (2, 4, 4), torch.float32)
-    cache = create_tree_cache(_ctx(NEMOTRON_H, mamba_pool=pool))
+    with pytest.raises(ValueError, match="StateSlots"):  # the tree takes its slots from the memory manager
+        create_tree_cache(_ctx(NEMOTRON_H, mamba_pool=pool))
+    cache = create_tree_cache(_ctx(NEMOTRON_H, mamba_pool=pool, state_slots=StateSlots(pool)))
     assert not cache.disable and ComponentType.MAMBA in cache.core.components and cache.mamba_pool is pool
     caplog.clear()
     cache = create_tree_cache(_ctx(NEMOTRON_H, disable=True))

@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.mamba_pool import MambaPool
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_key import RadixKey
+from sglang.srt.mem_cache.state_slots import StateSlots
 from sglang.srt.mem_cache.unified_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
@@ -60,9 +61,19 @@ class Harness:
         kv = MHATokenToKVPool(kv_size, page_size, torch.float32, 1, 1, [0])
         self.alloc = TokenToKVPoolAllocator(kv_size, page_size, kv)
         self.mamba = MambaPool(mamba_slots, 2, (3, 2), (2, 2, 4), torch.float32)
+        # The slots come from the memory manager's StateSlots, wired as build_memory wires it.
+        self.slots = StateSlots(self.mamba)
         self.cache = UnifiedRadixCache(CacheInitParams(False, self.req_pool, self.alloc, page_size,
-                                                       tree_components=(FULL, MAMBA), mamba_pool=self.mamba))
+                                                       tree_components=(FULL, MAMBA), mamba_pool=self.mamba,
+                                                       state_slots=self.slots))
+        self.slots.evict_one = lambda: self.cache.evict(EvictParams(mamba_num=1))
         self.kv_free0 = self.alloc.available_size()
+
+    def finish(self, req: Req, is_insert: bool = True) -> None:
+        """What MemoryManager.release does: the tree caches (and may take the state slot over),
+        then the request's slot goes back."""
+        self.cache.cache_finished_req(req, is_insert=is_insert)
+        self.slots.free_request_slot(req)
 
     def state(self, slot: int) -> float:
         conv, ssm = self.mamba.conv_state[:, slot], self.mamba.ssm_state[:, slot]
@@ -75,7 +86,7 @@ class Harness:
         self.cache.assign_prefix(req, m)
         req.req_pool_idx = self.req_pool.alloc(1)[0]
         self.req_pool.write(req.req_pool_idx, 0, m.device_indices)
-        req.mamba_pool_idx = self.cache.alloc_mamba_slot()
+        req.mamba_pool_idx = self.slots.alloc()
         self.cache.init_req_mamba_state(req)
         req.kv_committed_len = len(m.device_indices)
         return len(m.device_indices)
@@ -104,7 +115,7 @@ class Harness:
                 if c < len(tokens):
                     self.cache.cache_unfinished_req(req, chunked=True)
         if finish:
-            self.cache.cache_finished_req(req)
+            self.finish(req)
         return req
 
     def match(self, tokens):
@@ -156,7 +167,7 @@ def test_copy_on_write_into_the_requests_slot():
     assert h.cache.component_protected_size(MAMBA) == 0 and h.cache.protected_size() == 10
     h.forward(req, 13)  # the request advances its own state only
     assert h.state(tree_slot) == fp(A)
-    h.cache.cache_finished_req(req)
+    h.finish(req)
     assert h.state(MambaComponent.slot_of(h.match(A + [7, 8, 9, 0]).last_device_node)) == fp(A + [7, 8, 9])
     h.assert_all_free_after_full_eviction()
 
@@ -171,7 +182,7 @@ def test_mamba_lock_pins_the_anchor_state_until_the_copy():
     assert h.cache.evict(EvictParams(mamba_num=1)).mamba_num_evicted == 0  # locked
     req.req_pool_idx = h.req_pool.alloc(1)[0]
     h.req_pool.write(req.req_pool_idx, 0, m.device_indices)
-    req.mamba_pool_idx = h.cache.alloc_mamba_slot()
+    req.mamba_pool_idx = h.slots.alloc()
     h.cache.init_req_mamba_state(req)
     assert h.state(req.mamba_pool_idx) == fp(A)
     # The anchor is a leaf locked by FULL only now: evicting its state tombstones it in place.
@@ -179,7 +190,7 @@ def test_mamba_lock_pins_the_anchor_state_until_the_copy():
     assert res.mamba_num_evicted == 1 and res.num_tokens_evicted == 0
     assert req.last_node.data(MAMBA).value is None and not req.last_node.deleted
     req.kv_committed_len = 10
-    h.cache.cache_finished_req(req, is_insert=False)
+    h.finish(req, is_insert=False)
     h.assert_all_free_after_full_eviction()
 
 
@@ -237,7 +248,7 @@ def test_pool_pressure_evicts_tree_states_for_requests():
     h.admit(r2)
     assert None not in (r1.mamba_pool_idx, r2.mamba_pool_idx) and h.tree_slots() == 1
     for r in (r1, r2):
-        h.cache.cache_finished_req(r, is_insert=False)
+        h.finish(r, is_insert=False)
         assert r.mamba_pool_idx is None
     h.assert_all_free_after_full_eviction()
 

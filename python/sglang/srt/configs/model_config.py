@@ -52,7 +52,13 @@ DENSE_ARCHITECTURES = {
     "Exaone4ForCausalLM",
 }
 
-SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | {
+# Multi-head latent attention (DeepSeek-V2/V3): the KV pool keeps one compressed latent per token.
+MLA_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+}
+
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES | MLA_ARCHITECTURES | {
     "NemotronHForCausalLM",
     "FalconH1ForCausalLM",
     "LlamaForSequenceClassification",
@@ -97,6 +103,14 @@ class ModelConfig:
     is_hybrid_ssm: bool = False
     # Layers that hold attention KV at all (a Mamba2 hybrid has fewer than num_hidden_layers).
     attention_layer_ids: List[int] = field(default_factory=list)
+    # MLA (DeepSeek): what one token's latent holds, kv_lora_rank + qk_rope_head_dim values per
+    # layer, stored once (not per head). None on other models.
+    kv_lora_rank: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
     @property
     def is_hybrid_swa(self) -> bool:
@@ -153,6 +167,8 @@ class ModelConfig:
             full_attention_layer_ids=full_ids,
             is_hybrid_ssm=is_ssm,
             attention_layer_ids=attention_layers,
+            kv_lora_rank=int(cfg["kv_lora_rank"]) if arch in MLA_ARCHITECTURES else None,
+            qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if arch in MLA_ARCHITECTURES else None,
         )
 
 

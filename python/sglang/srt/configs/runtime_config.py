@@ -60,6 +60,7 @@ class MemoryConfig:
     max_mamba_cache_size: Optional[int] = None
     mamba_full_memory_ratio: Optional[float] = None
     mamba_ssm_dtype: Optional[str] = None
+    dp_size: int = 1  # replicas on this host (--dp-size): each sizes its pools from its share of the memory
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> "MemoryConfig":
@@ -105,10 +106,11 @@ class DisaggConfig:
     nnodes: int = 1
     dist_init_addr: Optional[str] = None
     load_balance_method: str = "auto"
+    dp_rank: int = 0  # which data-parallel replica this scheduler is (not a ServerArgs field)
 
     @classmethod
-    def from_server_args(cls, server_args: Any) -> "DisaggConfig":
-        return _from(cls, server_args)
+    def from_server_args(cls, server_args: Any, dp_rank: int = 0) -> "DisaggConfig":
+        return _from(cls, server_args, dp_rank=dp_rank)
 
     @classmethod
     def of(cls, config_or_server_args: Any) -> "DisaggConfig":

@@ -96,11 +96,13 @@ def _contiguous_checked(t: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def kv_args_from_pools(token_to_kv_pool, metadata_buffers, page_size: int, mamba_pool=None, ib_device=None, engine_rank: int = 0) -> KVArgs:
-    """Describe an `MHATokenToKVPool` (+ `MetadataBuffers`, + optional Mamba state) as `KVArgs`.
+    """Describe a KV pool (+ `MetadataBuffers`, + optional Mamba state) as `KVArgs`.
 
-    KV: every layer's K buffer, then every layer's V buffer; `item_len` is the bytes of one page of
-    one buffer (page_size * heads * head_dim * elem), so page p of buffer i starts at
-    `ptr_i + p * item_len_i` (slot p*page_size of the [size+page_size, heads, dim] tensor).
+    KV: the pool's `kv_buffers()` (an MHA pool: every layer's K buffer, then every layer's V
+    buffer; an MLA pool: every layer's latent buffer); `item_len` is the bytes of one page of one
+    buffer (page_size * one slot's row), so page p of buffer i starts at `ptr_i + p * item_len_i`
+    (slot p*page_size of the [size+page_size, heads, dim] tensor). `kv_layout` is the pool's
+    `layout()`, which the decode side compares with its own at bootstrap.
 
     `mamba_pool`: either an object with `get_contiguous_buf_infos() -> (ptrs, lens, item_lens)` (one
     entry per state tensor per layer, slot-major) or a sequence of tensors whose dim 0 is the slot
@@ -108,14 +110,14 @@ def kv_args_from_pools(token_to_kv_pool, metadata_buffers, page_size: int, mamba
     """
     args = KVArgs()
     args.engine_rank = engine_rank
-    bufs = [_contiguous_checked(b, "KV buffer") for b in list(token_to_kv_pool.k_buffer) + list(token_to_kv_pool.v_buffer)]
+    bufs = [_contiguous_checked(b, "KV buffer") for b in token_to_kv_pool.kv_buffers()]
     args.kv_data_ptrs = [b.data_ptr() for b in bufs]
     args.kv_data_lens = [b.nbytes for b in bufs]
     args.kv_item_lens = [b[0].nbytes * page_size for b in bufs]
-    layer_ids = list(getattr(token_to_kv_pool, "layer_ids", range(len(token_to_kv_pool.k_buffer))))
-    args.kv_layer_ids = layer_ids + layer_ids
+    args.kv_layer_ids = list(token_to_kv_pool.kv_buffer_layer_ids())
     args.kv_head_num = args.total_kv_head_num = getattr(token_to_kv_pool, "head_num", 0)
     args.kv_cache_dtype_str = str(getattr(token_to_kv_pool, "dtype", "auto")).replace("torch.", "")
+    args.kv_layout = token_to_kv_pool.layout()
     if metadata_buffers is not None:
         args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = metadata_buffers.get_buf_infos()
     if mamba_pool is not None:

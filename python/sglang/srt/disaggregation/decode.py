@@ -102,7 +102,7 @@ class DecodeRole(ServerRole):
         addr = _bootstrap_addr(host, port)
         try:
             req.pd.kv_receiver = self.receiver_cls(self.kv_manager, addr, recv.bootstrap_room)
-            req.pd.kv_receiver.init(0)
+            req.pd.kv_receiver.init(None)  # the prefill replica: bootstrap_room % its dp_size
         except Exception as e:  # bad address etc.: fail this request, not the server
             if req.pd.kv_receiver is not None:
                 req.pd.kv_receiver.clear()

@@ -54,6 +54,9 @@ class PrefillRole(ServerRole):
         pools = memory.device_pools()
         kv_args = kv_args_from_pools(pools.token_to_kv_pool, self.metadata_buffers, memory.page_size,
                                      mamba_pool=pools.mamba_pool, ib_device=config.disaggregation_ib_device)
+        # With --dp-size the bootstrap server keeps one rank per replica; the decode side finds a
+        # room's replica as `bootstrap_room % dp_size` (the tokenizer dispatches by that rule).
+        kv_args.system_dp_rank = config.dp_rank
         backend = config.disaggregation_transfer_backend
         self.kv_manager = get_kv_class(backend, KVClassType.MANAGER)(kv_args, DisaggregationMode.PREFILL, config)
         self.sender_cls = get_kv_class(backend, KVClassType.SENDER)

@@ -105,11 +105,11 @@ class Engine:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
 
     def get_server_info(self) -> Dict[str, Any]:
-        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        states = self.loop.run_until_complete(self.tokenizer_manager.get_internal_states())
         return {
             **self.server_args.resolved_dict(),
             **self._procs.scheduler_info,
-            "internal_states": [state],
+            "internal_states": states,  # one per scheduler replica (dp_size)
             "version": __import__("sglang").__version__,
         }
 

@@ -439,11 +439,16 @@ def _model_info(state: ServerState) -> dict:
 async def _server_info(state: ServerState) -> dict:
     sa = state.server_args
     try:
-        internal = await asyncio.wait_for(state.tokenizer_manager.get_internal_state(), 10)
-        internal_states = [internal]
+        # One per scheduler replica (--dp-size), in dp_rank order, as upstream.
+        internal_states = await asyncio.wait_for(state.tokenizer_manager.get_internal_states(), 10)
     except Exception as e:  # noqa: BLE001 - a dead scheduler must not hang /server_info
         logger.warning("Could not read the scheduler's internal state: %r", e)
         internal_states = []
+    extra = {}
+    if len(internal_states) > 1:  # the replicas' counts summed (what /metrics shows)
+        from sglang.srt.managers.internal_state_sum import sum_internal_states
+
+        extra["internal_states_total"] = sum_internal_states(internal_states)
     sources = {}
     for source, decided in sa.declarations():
         for name in decided:
@@ -457,6 +462,7 @@ async def _server_info(state: ServerState) -> dict:
         "resolution_sources": sources,
         "startup_time": state.startup_time,
         "internal_states": internal_states,
+        **extra,
         "version": __version__,
         "frontend": "python",
     }

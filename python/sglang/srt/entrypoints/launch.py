@@ -1,12 +1,17 @@
 """Starts the engine's processes: scheduler and detokenizer subprocesses, and the
 TokenizerManager in this process. Shared by `Engine` and `launch_server`.
 
+With `--dp-size N` it starts N scheduler replicas through the same `_start_scheduler`, each
+with its index, its own input socket, cores (`utils/cpu_binding.replica_cores`) and load
+report; the TokenizerManager's data-parallel controller dispatches to them
+(`managers/data_parallel_controller.py`), and every replica pushes its outputs to the one
+detokenizer. A replica that dies takes the server down as the one scheduler does.
+
 Tensor parallelism (--tp-size N, docs/parallelism.md): N scheduler processes, one per rank
-(`start_tp_ranks`, which a data-parallel controller can call once per replica with that
-replica's placements: ranks, store address, cores). Rank 0 is the scheduler the tokenizer talks
-to; the others run `managers/tp_group_worker.py` followers. With --nnodes > 1 each node starts its
-own ranks (`tp_placements`); node 0 also runs the tokenizer, detokenizer and HTTP server, the
-other nodes only their ranks (`run_nonzero_node`)."""
+(`start_tp_ranks`, which takes one replica's placements: ranks, store address, cores). Rank 0 is
+the scheduler the tokenizer talks to; the others run `managers/tp_group_worker.py` followers.
+With --nnodes > 1 each node starts its own ranks (`tp_placements`); node 0 also runs the
+tokenizer, detokenizer and HTTP server, the other nodes only their ranks (`run_nonzero_node`)."""
 
 from __future__ import annotations
 
@@ -25,9 +30,9 @@ class EngineProcesses:
     processes: List[mp.Process]
     port_args: object
     bootstrap_server: object = None  # PD prefill: where decode servers find this server's KV ranks
-    heartbeat: object = None  # utils/heartbeat.py: the scheduler loop's, in shared memory (read by /health)
-
-    tp_ranks: List[mp.Process] = None  # TP ranks other than 0 started by this node (also in `processes`)
+    # utils/heartbeat.py: the scheduler loop's, in shared memory (read by /health); with --dp-size,
+    # every replica's (`Heartbeats`: the oldest counts)
+    heartbeat: object = None
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -98,7 +103,7 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.internal_channel import internal_codec
     from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
     from sglang.srt.server_args import PortArgs
-    from sglang.srt.utils.heartbeat import Heartbeat
+    from sglang.srt.utils.heartbeat import Heartbeats
 
     internal_codec()  # a bad SGLANG_INTERNAL_SECRET fails here, before any process starts
     check_model_servable(server_args.model_path)  # a config we cannot serve: one line, nothing spawned
@@ -106,36 +111,92 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     if server_args.node_rank != 0:
         raise ValueError("--node-rank > 0 runs only its TP ranks: start it with `python -m sglang.launch_server` "
                          "(an Engine serves from node 0)")
+    replicas = plan_replicas(server_args)  # bad core groups for --dp-size: one line, nothing spawned
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
-    heartbeat = Heartbeat(ctx)
-    detok_r, detok_w = ctx.Pipe(duplex=False)
-    ranks = start_tp_ranks(server_args, port_args, tp_placements(server_args, port_args), ctx, notify_parent, heartbeat)
-    scheduler, sched_r = ranks[0]
-    procs = EngineProcesses(None, {}, [p for p, _ in ranks], port_args, bootstrap_server, heartbeat,
-                            tp_ranks=[p for p, _ in ranks[1:]])
+    procs = EngineProcesses(None, {}, [], port_args, bootstrap_server)
     try:
-        # Loaded once here, while the scheduler loads the model; the detokenizer gets a copy.
+        placements = tp_placements(server_args, port_args)  # TP (one replica): rank 0 here, the others below
+        schedulers = [_start_scheduler(ctx, server_args, port_args, notify_parent, replica,
+                                       placements[0] if server_args.tp_size > 1 else None) for replica in replicas]
+        followers = start_tp_ranks(server_args, port_args, placements[1:], ctx, notify_parent)
+        procs.processes += [s.process for s in schedulers] + [p for p, _ in followers]
+        heartbeats = [s.heartbeat for s in schedulers]
+        procs.heartbeat = heartbeats[0] if len(heartbeats) == 1 else Heartbeats(heartbeats)
+        # Loaded once here, while the schedulers load the model; the detokenizer gets a copy.
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args)
+        detok_r, detok_w = ctx.Pipe(duplex=False)
         detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args, detok_w, notify_parent,
                                                                   tokenizer),
                             name="sglang::detokenizer", daemon=True)
         detok.start()
         procs.processes.append(detok)
-        info = _wait_all_ready([(r, p, p.name) for p, r in ranks])[0]
+        ready = _wait_all_ready([(s.ready, s.process, s.process.name.replace("sglang::", "")) for s in schedulers]
+                                + [(r, p, p.name.replace("sglang::", "")) for p, r in followers])
+        infos = [msg.info for msg in ready[:len(schedulers)]]
         _wait_ready(detok_r, detok, "detokenizer")
     except Exception:
         procs.shutdown()
         raise
-    procs.scheduler_info = info.info
+    procs.scheduler_info = dict(infos[0])
+    if len(infos) > 1:  # each replica's pools: /server_info reports them one by one and summed
+        procs.scheduler_info["dp_size"] = len(infos)
+        procs.scheduler_info["replica_max_total_num_tokens"] = [i["max_total_num_tokens"] for i in infos]
     if notify_parent:  # a server's own process does no forwards (an Engine host keeps its settings)
         from sglang.srt.utils.cpu_binding import one_thread
 
         one_thread()
-    procs.tokenizer_manager = TokenizerManager(server_args, port_args, info.info, is_scheduler_alive=scheduler.is_alive,
-                                               tokenizer=tokenizer)
+    sched_procs = [s.process for s in schedulers]
+    procs.tokenizer_manager = TokenizerManager(
+        server_args, port_args, procs.scheduler_info, is_scheduler_alive=lambda: all(p.is_alive() for p in sched_procs),
+        tokenizer=tokenizer, replica_loads=[s.replica.load for s in schedulers] if len(schedulers) > 1 else None)
     return procs
+
+
+@dataclass
+class StartedScheduler:
+    process: mp.Process
+    ready: object  # the pipe it reports SchedulerReady (or its start-up error) on
+    heartbeat: object
+    replica: object  # its ReplicaSlot
+
+
+def plan_replicas(server_args) -> list:
+    """One `ReplicaSlot` per data-parallel replica (`--dp-size`): its input socket and, on CPU, its cores."""
+    from sglang.srt.managers.scheduler_process import ReplicaSlot
+
+    dp_size = max(int(server_args.dp_size or 1), 1)
+    cores = [None] * dp_size
+    if server_args.device == "cpu" and dp_size > 1:
+        from sglang.srt.utils.cpu_binding import replica_cores
+
+        cores = replica_cores(dp_size)
+    return [ReplicaSlot(dp_rank=i, cores=cores[i]) for i in range(dp_size)]
+
+
+def _start_scheduler(ctx, server_args, port_args, notify_parent: bool, replica, placement=None) -> StartedScheduler:
+    """Starts one scheduler process: the only one, or data-parallel replica `replica.dp_rank`
+    with its own input socket, cores and load report."""
+    from sglang.srt.managers.data_parallel_controller import replica_input_names
+    from sglang.srt.managers.replica_load import ReplicaLoad
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.utils.heartbeat import Heartbeat
+
+    dp_size = max(int(server_args.dp_size or 1), 1)
+    heartbeat = Heartbeat(ctx)
+    name = "sglang::scheduler"
+    if dp_size > 1:
+        replica.input_ipc_name = replica_input_names(port_args.scheduler_input_ipc_name, dp_size)[replica.dp_rank]
+        replica.load = ReplicaLoad(ctx)
+        replica.count_tokens = server_args.load_balance_method == "total_tokens"
+        name = f"sglang::scheduler_DP{replica.dp_rank}"  # upstream's process name
+    ready_r, ready_w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=run_scheduler_process,
+                       args=(server_args, port_args, ready_w, notify_parent, heartbeat, replica, placement),
+                       name=name, daemon=True)
+    proc.start()
+    return StartedScheduler(proc, ready_r, heartbeat, replica)
 
 
 def tp_placements(server_args, port_args=None, node_rank=None, core_groups=None, init_addr=None):
@@ -178,7 +239,7 @@ def start_tp_ranks(server_args, port_args, placements, ctx, notify_parent: bool 
         reader, writer = ctx.Pipe(duplex=False)
         if placement.rank == 0:
             proc = ctx.Process(target=run_scheduler_process,
-                               args=(server_args, port_args, writer, notify_parent, heartbeat, placement),
+                               args=(server_args, port_args, writer, notify_parent, heartbeat, None, placement),
                                name="sglang::scheduler", daemon=True)
         else:
             proc = ctx.Process(target=run_tp_follower_process, args=(server_args, placement, writer, notify_parent),

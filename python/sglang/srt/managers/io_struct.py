@@ -192,6 +192,7 @@ class FlushCacheReqInput:
 @dataclass
 class FlushCacheReqOutput:
     success: bool
+    dp_rank: int = 0  # the replica that answers (--dp-size): the tokenizer waits for one per replica
 
 
 @dataclass
@@ -202,6 +203,7 @@ class GetInternalStateReq:
 @dataclass
 class GetInternalStateReqOutput:
     internal_state: Dict[str, Any]
+    dp_rank: int = 0  # the replica that answers (--dp-size)
 
 
 @dataclass

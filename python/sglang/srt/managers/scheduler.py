@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -54,7 +54,11 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 class Scheduler:
-    def __init__(self, server_args, placement=None):
+    def __init__(self, server_args, dp_rank: int = 0, placement=None):
+        """`dp_rank`: which data-parallel replica this scheduler is (`--dp-size`; a PD prefill
+        replica registers its KV rank with the bootstrap server under it). `placement`: under
+        tensor parallelism, rank 0 of its group (managers/tp_worker.py TpPlacement)."""
+        self.dp_rank = dp_rank
         self.server_args = sa = server_args
         set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
         # loads the model (under TP, rank 0's shards: `placement`, managers/tp_worker.py)
@@ -407,6 +411,16 @@ class Scheduler:
             "page_size": self.page_size,
             **embedding_info(self.pooling, self.model_config),
         }
+
+    def load(self, count_tokens: bool = False) -> Tuple[int, int]:
+        """(requests, tokens) this scheduler holds: waiting, running, being chunked, in the grammar
+        queue, in the role's queues (upstream's `num_reqs` / `num_tokens` for DP dispatch). The
+        tokens are counted only when asked (a walk over the queues)."""
+        grammar = self.grammar_manager.reqs() if self.grammar_manager is not None else []
+        reqs = self.queues.all() + list(grammar) + list(self.role.all_reqs())
+        if not count_tokens:
+            return len(reqs), 0
+        return len(reqs), sum(r.seqlen for r in reqs)
 
     def internal_state(self) -> dict:
         """`/server_info` and `/metrics`: queues, the memory manager's accounting, the role's queues."""

@@ -19,11 +19,14 @@ of a turn for as long as that file exists (a stuck step, made from outside).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 import traceback
+from typing import List, Optional
 
+from sglang.srt.managers.replica_load import ReplicaLoad
 from sglang.srt.distributed.parallel_state import TpPeerError
 from sglang.srt.utils.heartbeat import Heartbeat
 from sglang.srt.utils.process import notify_parent_and_exit
@@ -51,16 +54,20 @@ class SchedulerLoop:
 
     STALL_POLL_S = 0.05
 
-    def __init__(self, scheduler, port_args, heartbeat: Heartbeat = None):
+    def __init__(self, scheduler, port_args, heartbeat: Heartbeat = None, replica: "ReplicaSlot" = None):
         import zmq
 
         self.scheduler = scheduler
         self.heartbeat = heartbeat if heartbeat is not None else Heartbeat()
         self.heartbeat.tick()
+        self.replica = replica if replica is not None else ReplicaSlot()
+        self.count_load_tokens = self.replica.load is not None and self.replica.count_tokens
+        self.received_reqs = 0  # requests taken in so far (reported to the data-parallel controller)
+        self.received_tokens = 0
         self.stall_file = os.environ.get("SGLANG_TEST_SCHEDULER_STALL_FILE") or None
         self.ctx = zmq.Context(2)
         self.recv_from_tokenizer = self.ctx.socket(zmq.PULL)
-        bind_private(self.recv_from_tokenizer, port_args.scheduler_input_ipc_name)
+        bind_private(self.recv_from_tokenizer, self.replica.input_ipc_name or port_args.scheduler_input_ipc_name)
         # Outputs and control replies both go through the detokenizer, which keeps them in order.
         self.send_to_detokenizer = self.ctx.socket(zmq.PUSH)
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
@@ -105,15 +112,19 @@ class SchedulerLoop:
     def _dispatch(self, msg) -> None:
         s = self.scheduler
         if isinstance(msg, TokenizedGenerateReqInput):
+            self.received_reqs += 1
+            self.received_tokens += len(msg.input_ids)
             s.add_request(msg)
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid, msg.abort_all)
         elif isinstance(msg, RejectedRequest):
             s.reject_rooms(msg.bootstrap_host, msg.bootstrap_port, msg.bootstrap_rooms, msg.message, msg.status_code)
         elif isinstance(msg, FlushCacheReqInput):
-            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=s.flush_cache()))
+            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=s.flush_cache(), dp_rank=self.replica.dp_rank))
         elif isinstance(msg, GetInternalStateReq):
-            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state=s.internal_state()))
+            state = {**s.internal_state(), "dp_rank": self.replica.dp_rank, "pid": os.getpid(),
+                     "num_requests_received": self.received_reqs}
+            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state=state, dp_rank=self.replica.dp_rank))
         else:
             logger.warning("Scheduler got an unknown message: %r", type(msg))
 
@@ -122,9 +133,10 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedGenerateReqInput):
             s.reject_request(msg, f"Internal server error while adding the request: {type(exc).__name__}: {exc}")
         elif isinstance(msg, FlushCacheReqInput):
-            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=False))
+            send_msg(self.send_to_detokenizer, FlushCacheReqOutput(success=False, dp_rank=self.replica.dp_rank))
         elif isinstance(msg, GetInternalStateReq):
-            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state={"error": repr(exc)}))
+            send_msg(self.send_to_detokenizer, GetInternalStateReqOutput(internal_state={"error": repr(exc)},
+                                                                         dp_rank=self.replica.dp_rank))
 
     def _wait_ms(self) -> int:
         """How long to wait for a message before the next step: up to a second with nothing to do;
@@ -168,7 +180,16 @@ class SchedulerLoop:
             s.recover_from_step_error(e)
             outs = s.take_outputs()
         self.send_outputs(outs)
+        self.publish_load()
         s.worker.keep_alive()  # TP: the other ranks hear from rank 0 at least once a second
+
+    def publish_load(self) -> None:
+        """What the data-parallel controller's shortest-queue dispatch reads (`replica_load.py`)."""
+        load = self.replica.load
+        if load is None:
+            return
+        reqs, tokens = self.scheduler.load(count_tokens=self.count_load_tokens)
+        load.publish(reqs, tokens, self.received_reqs, self.received_tokens)
 
     def send_outputs(self, outs) -> None:
         for out in outs:
@@ -180,32 +201,47 @@ class SchedulerLoop:
             self.run_once()
 
 
+@dataclasses.dataclass
+class ReplicaSlot:
+    """Which data-parallel replica a scheduler process is (`--dp-size`; one replica: the defaults)."""
+
+    dp_rank: int = 0
+    input_ipc_name: Optional[str] = None  # its own input socket (None: the server's)
+    cores: Optional[List[int]] = None  # the cores its forwards own (None: SGLANG_CPU_OMP_THREADS_BIND, else all)
+    load: Optional[ReplicaLoad] = None  # where it reports its queue (None: one replica, nobody reads it)
+    count_tokens: bool = False  # whether the dispatch reads the queue's tokens (total_tokens)
+
+    def log_prefix(self, dp_size: int) -> str:
+        return "scheduler" if dp_size <= 1 else f"scheduler DP{self.dp_rank}"
+
+
 def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False,
-                          heartbeat: Heartbeat = None, placement=None) -> None:
+                          heartbeat: Heartbeat = None, replica: ReplicaSlot = None, placement=None) -> None:
     """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not).
-    `heartbeat`: the shared value the launcher reads (a private one when None). `placement`
-    (managers/tp_worker.py TpPlacement): under tensor parallelism this is rank 0 of its group,
-    bound to the placement's cores."""
+    `heartbeat`: the shared value the launcher reads (a private one when None). `replica`: which
+    data-parallel replica this is (None: the only one). `placement` (managers/tp_worker.py
+    TpPlacement): under tensor parallelism this is rank 0 of its group, bound to its cores."""
     from sglang.srt.utils.process import configure_subprocess
 
-    configure_subprocess("scheduler", server_args, torch_threads=0)
+    replica = replica if replica is not None else ReplicaSlot()
+    configure_subprocess(replica.log_prefix(server_args.dp_size), server_args, torch_threads=0)
     try:
         from sglang.srt.managers.scheduler import Scheduler
 
         if server_args.device == "cpu":  # the cores this scheduler's forwards own
             from sglang.srt.utils.cpu_binding import bind_scheduler, bind_to_cores
 
-            given = placement is not None and (placement.size > 1 or placement.cores is not None)
-            logger.info(bind_to_cores(placement.cores) if given else bind_scheduler(rank=0))
+            tp = placement is not None and placement.size > 1
+            logger.info(bind_to_cores(placement.cores) if tp else bind_scheduler(rank=replica.dp_rank, cores=replica.cores))
 
-        scheduler = Scheduler(server_args, placement)
+        scheduler = Scheduler(server_args, dp_rank=replica.dp_rank, placement=placement)
         if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
             from sglang.srt.utils.host_memory import keep_freed_memory
 
             logger.info(keep_freed_memory())
             if scheduler.turns.enabled:
                 logger.info(scheduler.turns.describe())
-        loop = SchedulerLoop(scheduler, port_args, heartbeat)
+        loop = SchedulerLoop(scheduler, port_args, heartbeat, replica)
         ready_pipe.send(SchedulerReady(info=scheduler.ready_info()))
     except Exception:
         msg = traceback.format_exc()

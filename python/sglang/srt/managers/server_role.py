@@ -40,7 +40,7 @@ class SchedulerFacade:
 
     def __init__(self, scheduler):
         self._s = scheduler
-        self.disagg = DisaggConfig.from_server_args(scheduler.server_args)
+        self.disagg = DisaggConfig.from_server_args(scheduler.server_args, dp_rank=scheduler.dp_rank)
         self.memory = scheduler.memory
         self.page_size = scheduler.memory.page_size
 

@@ -17,11 +17,10 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
-from sglang.srt.managers.internal_channel import bind_private, recv_msg_async, send_msg
+from sglang.srt.managers.internal_channel import bind_private, recv_msg_async
 from sglang.srt.managers.io_struct import (
     NOT_EMBEDDING_MODEL,
     NOT_GENERATION_MODEL,
-    AbortReq,
     BatchStrOutput,
     EmbeddingReqInput,
     FlushCacheReqInput,
@@ -32,6 +31,12 @@ from sglang.srt.managers.io_struct import (
     RejectedRequest,
 )
 from sglang.srt.managers.cpu_work_pool import run_cpu
+from sglang.srt.managers.data_parallel_controller import (
+    DataParallelController,
+    check_routed_rank,
+    replica_input_names,
+)
+from sglang.srt.managers.internal_state_sum import sum_internal_states
 from sglang.srt.managers.request_expansion import expand_request
 from sglang.srt.managers.request_limits import RequestLimits
 from sglang.srt.managers.request_logger import RequestLogger
@@ -63,11 +68,14 @@ class ReqState:
     input_top_logprobs: Optional[List[Any]] = None
     output_token_ids_logprobs: List[Any] = dataclasses.field(default_factory=list)
     input_token_ids_logprobs: Optional[List[Any]] = None
+    dp_rank: Optional[int] = None  # the scheduler replica that runs it (--dp-size)
 
 
 class TokenizerManager:
     def __init__(self, server_args, port_args, scheduler_info: Dict[str, Any],
-                 is_scheduler_alive: Optional[Callable[[], bool]] = None, tokenizer=None):
+                 is_scheduler_alive: Optional[Callable[[], bool]] = None, tokenizer=None, replica_loads=None):
+        """`replica_loads`: with --dp-size > 1, each replica's `ReplicaLoad` (what the
+        shortest-queue dispatch reads)."""
         import zmq
         import zmq.asyncio
 
@@ -88,10 +96,10 @@ class TokenizerManager:
         self.ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = self.ctx.socket(zmq.PULL)
         bind_private(self.recv_from_detokenizer, port_args.tokenizer_ipc_name)
-        self.send_to_scheduler = self.ctx.socket(zmq.PUSH)
-        self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
+        self.dp_size = max(int(server_args.dp_size or 1), 1)
+        self.schedulers = self._connect_schedulers(server_args, port_args, replica_loads)
         self.rid_to_state: Dict[str, ReqState] = {}
-        self.control_waiters: Dict[type, List[asyncio.Future]] = {}
+        self.control_waiters: Dict[type, List[_Gather]] = {}
         self.handle_loop_task: Optional[asyncio.Task] = None
         self.dead_reason: Optional[str] = None
         self.gracefully_exit = False
@@ -100,12 +108,24 @@ class TokenizerManager:
         self.totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
         self.request_logger = RequestLogger.from_server_args(server_args)  # --log-requests
 
+    def _connect_schedulers(self, server_args, port_args, replica_loads) -> DataParallelController:
+        """One PUSH socket per scheduler replica, behind the data-parallel controller."""
+        import zmq
+
+        sockets = []
+        for name in replica_input_names(port_args.scheduler_input_ipc_name, self.dp_size):
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.connect(name)
+            sockets.append(sock)
+        return DataParallelController(sockets, server_args.load_balance_method, replica_loads,
+                                      rooms_fix_replica=server_args.disaggregation_mode == "prefill")
+
     def close(self) -> None:
         """Closes the sockets and their context now (the owner calls it at shutdown): left to the
         garbage collector at interpreter exit, zmq.asyncio's socket finalizer runs after asyncio is
         torn down and prints a TypeError traceback."""
-        for sock in (self.recv_from_detokenizer, self.send_to_scheduler):
-            sock.close(linger=0)
+        self.recv_from_detokenizer.close(linger=0)
+        self.schedulers.close()
         self.ctx.term()
 
     # --- request in ------------------------------------------------------------------------------
@@ -149,10 +169,13 @@ class TokenizerManager:
             if isinstance(e.bootstrap_host, str) and isinstance(e.bootstrap_room, int):
                 by_host.setdefault((e.bootstrap_host, e.bootstrap_port), []).append(e.bootstrap_room)
         for (host, port), rooms in by_host.items():
-            send_msg(self.send_to_scheduler,
-                     RejectedRequest(host, port if isinstance(port, int) else None, rooms, message, 400))
+            self.schedulers.broadcast(RejectedRequest(host, port if isinstance(port, int) else None, rooms, message, 400))
 
     def _register(self, entries, tokenized, group) -> List[ReqState]:
+        routed = [e.routed_dp_rank if e.routed_dp_rank is not None else e.data_parallel_rank for e in entries]
+        if self.dp_size > 1:
+            for r in routed:
+                check_routed_rank(r, self.dp_size)
         seen = set()
         for t in tokenized:
             if t.rid in self.rid_to_state or t.rid in seen:
@@ -164,11 +187,14 @@ class TokenizerManager:
             self.rid_to_state[t.rid] = state
             states.append(state)
         try:
-            send_msg(self.send_to_scheduler, tokenized if len(tokenized) > 1 else tokenized[0])
+            ranks = self.schedulers.send_requests(tokenized, routed)
         except Exception:  # e.g. a value the channel cannot encode: nothing was sent, forget it all
             for t in tokenized:
                 self.rid_to_state.pop(t.rid, None)
+                self.schedulers.forget(t.rid)
             raise
+        for st, rank in zip(states, ranks):
+            st.dp_rank = rank
         for e, t in zip(entries, tokenized):
             if self.metrics is not None and e.log_metrics:  # health checks are not requests
                 self.metrics.on_request_start(t.rid, len(t.input_ids))
@@ -182,8 +208,9 @@ class TokenizerManager:
         for st in states:
             rid = st.obj.rid
             if not st.finished and rid in self.rid_to_state:
-                send_msg(self.send_to_scheduler, AbortReq(rid=rid))
+                self.schedulers.abort(rid)
             self.rid_to_state.pop(rid, None)
+            self.schedulers.forget(rid)
 
     async def _wait_one(self, state: ReqState, request=None) -> AsyncIterator[dict]:
         rid = state.obj.rid
@@ -250,11 +277,11 @@ class TokenizerManager:
         """Aborts the sequence `rid`, or every sequence of the request the client called `rid`
         (a batch or `n > 1` has rids `rid_0 ... rid_{k}`); exact matches only."""
         if abort_all:
-            send_msg(self.send_to_scheduler, AbortReq(rid="", abort_all=True))
+            self.schedulers.abort(abort_all=True)
             return
         for r, st in list(self.rid_to_state.items()):
             if r == rid or (st.group is not None and st.group == rid):
-                send_msg(self.send_to_scheduler, AbortReq(rid=r))
+                self.schedulers.abort(r)
 
     # --- outputs back --------------------------------------------------------------------------------
     def auto_create_handle_loop(self) -> None:
@@ -275,9 +302,7 @@ class TokenizerManager:
                 if isinstance(msg, BatchStrOutput):
                     self._handle_batch_output(msg)
                 else:
-                    for fut in self.control_waiters.pop(type(msg), []):
-                        if not fut.done():
-                            fut.set_result(msg)
+                    self._handle_control_reply(msg)
             except Exception:  # noqa: BLE001 - one bad output must not stop every other request
                 logger.exception("TokenizerManager failed to handle a %s; its requests are aborted.", type(msg).__name__)
                 for rid in getattr(msg, "rids", []) or []:
@@ -296,7 +321,7 @@ class TokenizerManager:
         st.out_list.append(self._abort_output(rid, st, message, status_code))
         st.finished = True
         st.event.set()
-        send_msg(self.send_to_scheduler, AbortReq(rid=rid))
+        self.schedulers.abort(rid)
 
     def _abort_output(self, rid, st, message, status_code) -> dict:
         return {
@@ -329,6 +354,8 @@ class TokenizerManager:
                 "num_retractions": out.retraction_counts[i],
                 "weight_version": self.server_args.weight_version,
             }
+            if self.dp_size > 1:  # upstream's meta_info field: the replica that ran it
+                meta["dp_rank"] = st.dp_rank
             if st.obj.return_logprob:
                 self._add_logprobs(meta, st, out, i)
             item = {"text": out.output_strs[i], "output_ids": list(out.output_ids[i]), "meta_info": meta}
@@ -342,7 +369,7 @@ class TokenizerManager:
                 if reason.get("type") == "abort" and reason.get("status_code") == 500:
                     # e.g. the detokenizer failed it: make sure the scheduler stops it too (a no-op
                     # when the scheduler is the one that ended it).
-                    send_msg(self.send_to_scheduler, AbortReq(rid=rid))
+                    self.schedulers.abort(rid)
                 if st.obj.log_metrics:
                     self._count_finished(out, i)
                 if self.metrics is not None and st.obj.log_metrics:
@@ -406,19 +433,60 @@ class TokenizerManager:
         return text
 
     # --- control ---------------------------------------------------------------------------------------
-    async def _control(self, req, reply_type, timeout: float = 60):
+    async def _control(self, req, reply_type, timeout: float = 60) -> list:
+        """Sends `req` to every replica; returns their replies in dp_rank order."""
         self.auto_create_handle_loop()
-        fut = asyncio.get_event_loop().create_future()
-        self.control_waiters.setdefault(reply_type, []).append(fut)
-        send_msg(self.send_to_scheduler, req)
-        return await asyncio.wait_for(fut, timeout)
+        gather = _Gather(asyncio.get_event_loop().create_future(), set(range(self.schedulers.size)))
+        self.control_waiters.setdefault(reply_type, []).append(gather)
+        self.schedulers.broadcast(req)
+        try:
+            return await asyncio.wait_for(gather.future, timeout)
+        finally:
+            waiters = self.control_waiters.get(reply_type, [])
+            if gather in waiters:
+                waiters.remove(gather)
+
+    def _handle_control_reply(self, msg) -> None:
+        """Each replica answers control messages in the order it got them, so a reply belongs to
+        the oldest waiter that has none from its replica yet."""
+        rank = getattr(msg, "dp_rank", 0)
+        waiters = self.control_waiters.get(type(msg), [])
+        for gather in waiters:
+            if rank in gather.pending:
+                gather.add(rank, msg)
+                if gather.future.done():
+                    waiters.remove(gather)
+                return
 
     async def flush_cache(self) -> FlushCacheReqOutput:
-        return await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
+        replies = await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
+        return FlushCacheReqOutput(success=all(r.success for r in replies))
+
+    async def get_internal_states(self) -> List[dict]:
+        """One internal state per replica, in dp_rank order."""
+        replies: List[GetInternalStateReqOutput] = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
+        return [r.internal_state for r in replies]
 
     async def get_internal_state(self) -> dict:
-        out: GetInternalStateReqOutput = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
-        return out.internal_state
+        """The scheduler's internal state; with several replicas, their counts summed
+        (`sum_internal_states`)."""
+        states = await self.get_internal_states()
+        return states[0] if len(states) == 1 else sum_internal_states(states)
+
+
+@dataclasses.dataclass
+class _Gather:
+    """A control request sent to every replica: the replies so far, by dp_rank."""
+
+    future: asyncio.Future
+    pending: set
+    replies: Dict[int, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, rank: int, msg) -> None:
+        self.pending.discard(rank)
+        self.replies[rank] = msg
+        if not self.pending and not self.future.done():
+            self.future.set_result([self.replies[r] for r in sorted(self.replies)])
 
 
 def abort_reason(output: Optional[dict]) -> Optional[dict]:

@@ -1,7 +1,8 @@
 """Host (CPU-side) KV pool that decode retraction backs requests up into (`host_pool` backend).
 
-Same layout as the device `MHATokenToKVPool` (K and V per attention layer, one row per token
-slot) with its own page allocator; the first page is padding. On a GPU server it is pinned
+Same layout as the device pool (its `kv_buffers()`: K and V per attention layer for an MHA pool,
+one latent per layer for an MLA pool; one row per token slot) with its own page allocator and
+the device pool's page size; the first page is padding. On a GPU server it is pinned
 host memory; on a CPU server it is simply a second, reserved region of RAM.
 """
 
@@ -53,8 +54,7 @@ class HostKVPool:
         self.size = num_tokens
         self.num_pages = num_tokens // page_size
         n = num_tokens + page_size
-        self.k_buffer = [torch.empty((n,) + tuple(k.shape[1:]), dtype=k.dtype) for k in device_pool.k_buffer]
-        self.v_buffer = [torch.empty((n,) + tuple(v.shape[1:]), dtype=v.dtype) for v in device_pool.v_buffer]
+        self.buffers = [torch.empty((n,) + tuple(b.shape[1:]), dtype=b.dtype) for b in device_pool.kv_buffers()]
         self.free_pages: List[int] = list(range(1, self.num_pages + 1))
         if num_tokens <= device_pool.size:
             logger.warning(
@@ -80,12 +80,10 @@ class HostKVPool:
 
     def backup_from_device(self, device_indices: torch.Tensor, host_indices: torch.Tensor) -> None:
         dev = device_indices.to(self.device_pool.device)
-        for hk, hv, dk, dv in zip(self.k_buffer, self.v_buffer, self.device_pool.k_buffer, self.device_pool.v_buffer):
-            hk[host_indices] = dk[dev].cpu()
-            hv[host_indices] = dv[dev].cpu()
+        for host, device in zip(self.buffers, self.device_pool.kv_buffers()):
+            host[host_indices] = device[dev].cpu()
 
     def load_to_device(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> None:
         dev = device_indices.to(self.device_pool.device)
-        for hk, hv, dk, dv in zip(self.k_buffer, self.v_buffer, self.device_pool.k_buffer, self.device_pool.v_buffer):
-            dk[dev] = hk[host_indices].to(dk.device)
-            dv[dev] = hv[host_indices].to(dv.device)
+        for host, device in zip(self.buffers, self.device_pool.kv_buffers()):
+            device[dev] = host[host_indices].to(device.device)

@@ -1,11 +1,11 @@
 """(Scheduler process.) The memory of one scheduler, owned in one place: the one door to it.
 
 `build_memory(spec, memory_config, cache_config, retraction)` makes all of it in one call, from
-typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, or the
-hybrid SWA pair), the Mamba state pool of hybrid SSM models, the radix tree over them and, on a
-PD decode server, the retraction backup store. The pools, the allocator and the tree are private
-to `mem_cache/` (`python -m sglang.check_layering` checks it); the rest of the server uses these
-operations:
+typed config: the request-to-token pool, the KV pool and its allocator (one MHA pool, one MLA
+latent pool for DeepSeek models, or the hybrid SWA pair), the Mamba state pool of hybrid SSM
+models, the radix tree over them and, on a PD decode server, the retraction backup store. The
+pools, the allocator and the tree are private to `mem_cache/` (`python -m sglang.check_layering`
+checks it); the rest of the server uses these operations:
 
   match_prefix(req) / lock_prefix(req)  the longest cached prefix of a request, then locked so
   match_and_lock(req) / unlock(req)     that allocating cannot evict it (and the lock given back)
@@ -38,7 +38,8 @@ import torch
 
 from sglang.srt.configs.runtime_config import CacheConfig, MemoryConfig, RetractionConfig
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.state_slots import StateSlots
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator, swa_pool_size
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,12 @@ def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[Ca
         retraction_backup=resolved.backend if resolved else cache.disaggregation_decode_retraction_backup,
         model_config=mc,
         mamba_pool=mm.mamba_pool,
+        state_slots=mm.state_slots,
     ))
+    if mm.state_slots is not None and mm.tree_cache.has_mamba_component:
+        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
+
+        mm.state_slots.evict_one = lambda: mm.tree_cache.evict(EvictParams(mamba_num=1))
     if resolved is not None:
         mm.retraction_config = resolved
         mm.retraction_store = build_retraction_store(resolved, mm.token_to_kv_pool, mm.allocator,
@@ -156,6 +162,8 @@ def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[Ca
 def kv_bytes_per_token(model_config, kv_dtype: torch.dtype) -> int:
     cfg = model_config
     elem = torch.tensor([], dtype=kv_dtype).element_size()
+    if getattr(cfg, "is_mla", False):  # one latent per token and layer, shared by the heads
+        return len(cfg.attention_layer_ids) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * elem
     return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
 
 
@@ -167,6 +175,10 @@ def profile_max_num_tokens(model_config, kv_dtype: torch.dtype, config: MemoryCo
         # Host RAM is shared with everything else on the machine (and with the other PD role):
         # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
         budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * GB)
+    # Data-parallel replicas (--dp-size) size their pools at the same time from the same memory
+    # (host RAM, or the one device they share here): each takes its share, so that together
+    # they keep to the budget.
+    budget /= max(int(config.dp_size or 1), 1)
     return int(budget // kv_bytes_per_token(model_config, kv_dtype))
 
 
@@ -189,6 +201,7 @@ class MemoryManager:
         self.page_size = int(config.page_size or 1)
         self._build_kv_pools()
         self.mamba_pool = self._build_mamba_pool(mamba_layout, model_dtype) if mamba_layout else None
+        self.state_slots = StateSlots(self.mamba_pool) if self.mamba_pool is not None else None
         if self.mamba_pool is not None and self.max_running_requests > self.mamba_pool.size:
             self.max_running_requests = self.mamba_pool.size  # a running request holds a state slot
         self.tree_cache = None  # build_memory, when the server caches prefixes
@@ -231,6 +244,15 @@ class MemoryManager:
                                                        kvcache=self.token_to_kv_pool, device=self.device)
             pools = [("full", tokens, self.token_to_kv_pool.full_kv_pool),
                      ("swa", self.swa_max_total_num_tokens, self.token_to_kv_pool.swa_kv_pool)]
+        elif getattr(cfg, "is_mla", False):
+            self.swa_max_total_num_tokens = None
+            self.token_to_kv_pool = MLATokenToKVPool(size=tokens, page_size=self.page_size, dtype=self.kv_dtype,
+                                                     kv_lora_rank=cfg.kv_lora_rank,
+                                                     qk_rope_head_dim=cfg.qk_rope_head_dim,
+                                                     layer_ids=cfg.attention_layer_ids, device=self.device)
+            self.allocator = TokenToKVPoolAllocator(tokens, self.page_size, kvcache=self.token_to_kv_pool,
+                                                    device=self.device)
+            pools = [(None, tokens, self.token_to_kv_pool)]
         else:
             self.swa_max_total_num_tokens = None
             self.token_to_kv_pool = MHATokenToKVPool(size=tokens, layer_ids=cfg.attention_layer_ids, **kw)
@@ -239,8 +261,11 @@ class MemoryManager:
             pools = [(None, tokens, self.token_to_kv_pool)]
         for kind, n, pool in pools:
             kv_bytes = pool.get_kv_size_bytes()
-            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
             prefix = "" if kind is None else f"[{kind}] "
+            if getattr(pool, "is_mla", False):  # upstream's MLA line: one latent, no separate V
+                logger.info(f"{prefix}KV Cache is allocated. #tokens: {n}, KV size: {kv_bytes / GB:.2f} GB")
+                continue
+            k_bytes = kv_bytes // 2  # K and V have the same head_dim here
             logger.info(f"{prefix}KV Cache is allocated. #tokens: {n}, K size: {k_bytes / GB:.2f} GB, "
                         f"V size: {(kv_bytes - k_bytes) / GB:.2f} GB")
         logger.info(f"Memory pool end. #tokens in KV pool: {tokens}, max_running_requests={self.max_running_requests}, "
@@ -357,21 +382,6 @@ class MemoryManager:
         req.kv.cache_protected_len = 0
 
     # --- operations ----------------------------------------------------------------------------
-    def _alloc_state_slot(self) -> Optional[int]:
-        """One Mamba slot for a request, evicting one unlocked tree state when none is free."""
-        from sglang.srt.mem_cache.unified_radix_cache import EvictParams
-
-        slots = self.mamba_pool.alloc(1)
-        if slots is None and self.tree_cache.has_mamba_component:
-            self.tree_cache.evict(EvictParams(mamba_num=1))
-            slots = self.mamba_pool.alloc(1)
-        return None if slots is None else slots[0]
-
-    def _free_state_slot(self, req) -> None:
-        if req.kv.mamba_pool_idx is not None:
-            self.mamba_pool.free(req.kv.mamba_pool_idx)
-        req.kv.mamba_pool_idx = None
-
     def _evict(self, num_tokens: int) -> None:
         from sglang.srt.mem_cache.unified_radix_cache import EvictParams
 
@@ -420,7 +430,7 @@ class MemoryManager:
 
         def rollback() -> None:
             for req in taken_slots:
-                self._free_state_slot(req)
+                self.state_slots.free_request_slot(req)
             for req in taken_rows:
                 self.req_to_token_pool.free(req.kv.req_pool_idx)
                 req.kv.req_pool_idx = None
@@ -436,7 +446,7 @@ class MemoryManager:
                 if len(req.kv.prefix_indices):
                     self.req_to_token_pool.write(req.kv.req_pool_idx, 0, req.kv.prefix_indices)
             if self.mamba_pool is not None and req.kv.mamba_pool_idx is None:
-                slot = self._alloc_state_slot()  # evicts a tree state when none is free
+                slot = self.state_slots.alloc()  # evicts a tree state when none is free
                 if slot is None:
                     rollback()
                     return None
@@ -477,10 +487,13 @@ class MemoryManager:
             if req.kv.last_node is not None:
                 self.tree_cache.dec_lock_ref(req.kv.last_node, req.kv.lock_receipt)
             req.kv.last_node, req.kv.lock_receipt = None, None
-            self._free_state_slot(req)
+            if self.state_slots is not None:
+                self.state_slots.free_request_slot(req)
             return
-        self.tree_cache.cache_finished_req(req, is_insert=insert)
+        self.tree_cache.cache_finished_req(req, is_insert=insert)  # may take the state slot over
         req.kv.req_pool_idx = None
+        if self.state_slots is not None:
+            self.state_slots.free_request_slot(req)
 
     def cache_unfinished(self, req, chunked: bool = False) -> None:
         """A request that keeps running shares its prompt's KV through the radix tree."""

@@ -4,6 +4,14 @@
 `MHATokenToKVPool` holds K and V per attention layer, indexed by KV slot. Slot indices
 [0, page_size) are a padding page that is never handed out, so index 0 can be used as
 "no slot" in index tensors.
+`MLATokenToKVPool` (DeepSeek's multi-head latent attention) holds one latent per token and
+layer, [kv_lora_rank | rope part], shared by all heads: K is the whole latent, V its first
+kv_lora_rank values (a view, not a copy).
+
+Both describe their bytes the same way for those that move them without knowing the model (the
+host pool of retraction backups, the PD transfer): `kv_buffers()` (slot-major tensors, one row
+per token slot), `kv_buffer_layer_ids()` (the layer of each) and `layout()` (a string two peers
+compare before exchanging pages).
 """
 
 from __future__ import annotations
@@ -114,6 +122,17 @@ class MHATokenToKVPool:
         self.k_buffer[i].index_copy_(0, loc.long(), cache_k.view(-1, self.head_num, self.head_dim))
         self.v_buffer[i].index_copy_(0, loc.long(), cache_v.view(-1, self.head_num, self.v_head_dim))
 
+    def kv_buffers(self) -> List[torch.Tensor]:
+        """Every tensor holding KV bytes, slot-major: each layer's K, then each layer's V."""
+        return list(self.k_buffer) + list(self.v_buffer)
+
+    def kv_buffer_layer_ids(self) -> List[int]:
+        return self.layer_ids + self.layer_ids
+
+    def layout(self) -> str:
+        return (f"mha:layers={self.layer_num},heads={self.head_num},k={self.head_dim},v={self.v_head_dim},"
+                f"dtype={str(self.dtype).replace('torch.', '')}")
+
     # Whole-request copies, used by the cpu_tensor retraction backup and PD transfer tests.
     def get_cpu_copy(self, indices: torch.Tensor) -> List[torch.Tensor]:
         return [torch.stack([k[indices].cpu(), v[indices].cpu()]) for k, v in zip(self.k_buffer, self.v_buffer)]
@@ -122,3 +141,74 @@ class MHATokenToKVPool:
         for i, kv in enumerate(kv_cache_cpu):
             self.k_buffer[i][indices] = kv[0].to(self.device)
             self.v_buffer[i][indices] = kv[1].to(self.device)
+
+
+class MLATokenToKVPool:
+    """One latent per token slot and layer: [size + page_size, 1, kv_lora_rank + qk_rope_head_dim].
+
+    The attention layer writes the latent (the normed compressed KV, then the rotated rope part)
+    as K; V is the first `kv_lora_rank` values of the same rows, so `set_kv_buffer` ignores the V
+    it is given and `get_value_buffer` returns a view. A token costs
+    layers x (kv_lora_rank + qk_rope_head_dim) values, whatever the number of heads.
+    """
+
+    is_mla = True
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, kv_lora_rank: int, qk_rope_head_dim: int,
+                 layer_ids: Sequence[int], device: str = "cpu"):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.head_num = 1
+        self.head_dim = kv_lora_rank + qk_rope_head_dim
+        self.v_head_dim = kv_lora_rank
+        self.device = device
+        self.layer_ids = list(layer_ids)
+        self._layer_index: Dict[int, int] = {lid: i for i, lid in enumerate(self.layer_ids)}
+        n = size + page_size
+        self.kv_buffer = [torch.zeros((n, 1, self.head_dim), dtype=dtype, device=device) for _ in self.layer_ids]
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.layer_ids)
+
+    def bytes_per_token(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return self.layer_num * self.head_dim * elem
+
+    def get_kv_size_bytes(self) -> int:
+        return self.bytes_per_token() * (self.size + self.page_size)
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[self._layer_index[layer_id]]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[self._layer_index[layer_id]][..., : self.kv_lora_rank]
+
+    def get_kv_buffer(self, layer_id: int):
+        buf = self.kv_buffer[self._layer_index[layer_id]]
+        return buf, buf[..., : self.kv_lora_rank]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v=None) -> None:
+        """Stores the latents `cache_k` ([T, kv_lora_rank + rope] or [T, 1, ...]); V is part of them."""
+        buf = self.kv_buffer[self._layer_index[layer_id]]
+        buf.index_copy_(0, loc.long(), cache_k.reshape(-1, 1, self.head_dim).to(self.dtype))
+
+    def kv_buffers(self) -> List[torch.Tensor]:
+        return list(self.kv_buffer)
+
+    def kv_buffer_layer_ids(self) -> List[int]:
+        return list(self.layer_ids)
+
+    def layout(self) -> str:
+        return (f"mla:layers={self.layer_num},kv_lora_rank={self.kv_lora_rank},rope={self.qk_rope_head_dim},"
+                f"dtype={str(self.dtype).replace('torch.', '')}")
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> List[torch.Tensor]:
+        return [buf[indices].cpu() for buf in self.kv_buffer]
+
+    def load_cpu_copy(self, kv_cache_cpu: List[torch.Tensor], indices: torch.Tensor) -> None:
+        for buf, saved in zip(self.kv_buffer, kv_cache_cpu):
+            buf[indices] = saved.to(self.device)

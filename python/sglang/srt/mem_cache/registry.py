@@ -76,6 +76,7 @@ class TreeCacheBuildContext:
     tp_group: Any = None
     is_dsa: bool = False
     mamba_pool: Any = None  # hybrid SSM models: the MambaPool (requests' and the tree's state slots)
+    state_slots: Any = None  # ... and the memory manager's StateSlots that hands its slots out
 
     @property
     def is_pure_swa(self) -> bool:
@@ -136,6 +137,7 @@ def _cache_params(ctx: TreeCacheBuildContext, disable: bool, components):
         sliding_window_size=ctx.window,
         tree_components=tuple(components),
         mamba_pool=ctx.mamba_pool,
+        state_slots=ctx.state_slots,
     )
 
 

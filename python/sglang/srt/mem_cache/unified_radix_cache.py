@@ -58,7 +58,8 @@ allocating it the scheduler calls `cache.init_req_mamba_state(req)`: copy-on-wri
 node's state into the slot (prefix hit) or zeros (no prefix); this also releases the single-node
 Mamba lock taken by `assign_prefix`. `cache_unfinished_req` / `cache_finished_req` store a copy
 of the request's state in a fresh tree slot on the final node when the inserted key covers
-exactly the tokens the state summarises; `cache_finished_req` frees the request's slot.
+exactly the tokens the state summarises, in a slot taken from the memory manager's `StateSlots`
+(or, for a finished request, its own slot, donated); the manager frees the request's slot.
 Eviction of tree states: `cache.evict(EvictParams(mamba_num=...))`.
 
 A disabled cache (`--disable-radix-cache`) is this class with `disable=True`: match returns
@@ -126,6 +127,9 @@ class UnifiedRadixCache:
         if SWA in self.tree_components:
             assert params.sliding_window_size, "an SWA component needs sliding_window_size"
         self.mamba_pool = getattr(params, "mamba_pool", None)
+        self.state_slots = params.state_slots
+        if self.mamba_pool is not None and self.state_slots is None:
+            raise ValueError("A tree over a MambaPool needs the memory manager's StateSlots (CacheInitParams.state_slots).")
         self.core = UnifiedTreeCore(_build_components(params), params.page_size, params.eviction_policy)
         self.has_mamba_component = MAMBA in self.core.components
         # HiCache host stack, attached by `init_hicache` (see `registry.py`).
@@ -235,14 +239,6 @@ class UnifiedRadixCache:
         from the prefill): the prefix node's state need not stay locked for it."""
         self._drop_mamba_lock(req.kv.lock_receipt)
 
-    def alloc_mamba_slot(self) -> Optional[int]:
-        """One MambaPool slot, evicting one unlocked tree state when none is free."""
-        slots = self.mamba_pool.alloc(1)
-        if slots is None and self.has_mamba_component:
-            self.evict(EvictParams(mamba_num=1))
-            slots = self.mamba_pool.alloc(1)
-        return None if slots is None else slots[0]
-
     def _store_mamba_state(self, req, node, num_tokens: int, state_tokens: int, donate: bool = False) -> None:
         """Give `node` (the end of a freshly inserted key of `num_tokens` tokens) a copy of the
         request's state, which summarises `state_tokens` tokens; only when the two agree.
@@ -254,23 +250,17 @@ class UnifiedRadixCache:
             return  # same prefix, same state: keep the tree's copy
         if donate:
             self.core.set_component_value(node, MAMBA, torch.tensor([slot], dtype=torch.int64))
-            req.kv.mamba_pool_idx = None  # now the tree's; free_req_mamba_slot has nothing to free
+            req.kv.mamba_pool_idx = None  # now the tree's; the manager has nothing to free
             return
         self.core.inc_component_lock(node, FULL)  # keep `node` alive while evicting for a slot
         try:
-            tree_slot = self.alloc_mamba_slot()
+            tree_slot = self.state_slots.alloc()  # the memory manager's slots
         finally:
             self.core.dec_component_lock(node, FULL)
         if tree_slot is None:
             return  # no room: this prefix end simply has no state (no hit there)
         self.mamba_pool.copy_from(slot, tree_slot)
         self.core.set_component_value(node, MAMBA, torch.tensor([tree_slot], dtype=torch.int64))
-
-    def free_req_mamba_slot(self, req) -> None:
-        slot = req.kv.mamba_pool_idx
-        if slot is not None and self.mamba_pool is not None:
-            self.mamba_pool.free(slot)
-        req.kv.mamba_pool_idx = None
 
     def _release_lock(self, req) -> None:
         if req.kv.last_node is not None:
@@ -315,7 +305,6 @@ class UnifiedRadixCache:
             free(row[aligned:])  # the unaligned tail page is not cached
             self._store_mamba_state(req, res.last_device_node, aligned, n, donate=True)
         self._release_lock(req)
-        self.free_req_mamba_slot(req)
         self.req_to_token_pool.free(req.kv.req_pool_idx)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:

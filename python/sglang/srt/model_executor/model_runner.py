@@ -175,7 +175,9 @@ class ModelRunner:
                                  token_to_kv_pool=pools.token_to_kv_pool, num_heads=cfg.num_attention_heads,
                                  num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                                  max_kv_splits=self.config.triton_attention_num_kv_splits)
-        backend_name = self.config.attention_backend or ("torch_native" if self.device == "cpu" else "triton")
+        # MLA pools: the triton kernels here do not read a latent pool (the backend refuses it)
+        default = "torch_native" if self.device == "cpu" or cfg.is_mla else "triton"
+        backend_name = self.config.attention_backend or default
         self.attention_backend_name = backend_name
         self.attn_backend = create_attention_backend(backend_name, inputs)
 

@@ -65,8 +65,9 @@ class ModelConfigError(ValueError):
 
 def check_model_servable(model_path: str) -> None:
     """What start-up checks before any process is spawned (and `check_server_args` too): the
-    architecture is one the registry has (upstream's message otherwise) and the RoPE scaling is
-    one the rotary embedding computes. Skips folders without a config.json ("default")."""
+    architecture is one the registry has (upstream's message otherwise), the RoPE scaling is
+    one the rotary embedding computes, and a DeepSeek config's router and weights are ones the
+    model computes. Skips folders without a config.json ("default")."""
     import json
     import os
 
@@ -85,6 +86,10 @@ def check_model_servable(model_path: str) -> None:
     text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
     try:
         check_rope_config(text)
+        if "DeepseekV2ForCausalLM" in archs or "DeepseekV3ForCausalLM" in archs:  # router, quantization
+            from sglang.srt.models.deepseek_v2 import check_deepseek_config
+
+            check_deepseek_config(text, 3 if "DeepseekV3ForCausalLM" in archs else 2)
     except ValueError as e:
         raise ModelConfigError(str(e)) from None
 

@@ -27,6 +27,8 @@ _MODELS: Dict[str, tuple] = {
     "GlmForCausalLM": ("sglang.srt.models.glm", "GlmForCausalLM"),
     "Glm4ForCausalLM": ("sglang.srt.models.glm4", "Glm4ForCausalLM"),
     "Exaone4ForCausalLM": ("sglang.srt.models.exaone4", "Exaone4ForCausalLM"),
+    "DeepseekV2ForCausalLM": ("sglang.srt.models.deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("sglang.srt.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     # Sequence classification (rerankers, reward models; served with --is-embedding)
     "LlamaForSequenceClassification": ("sglang.srt.models.llama", "LlamaForSequenceClassification"),
     "Qwen2ForSequenceClassification": ("sglang.srt.models.qwen2", "Qwen2ForSequenceClassification"),

@@ -333,9 +333,15 @@ class ParallelFields:
     )
     dist_timeout: Optional[int] = arg(None, "Set timeout for torch.distributed initialization.")
     nccl_port: Optional[int] = arg(None, "The port for NCCL distributed environment setup. Defaults to a random port.")
+    dp_size: int = arg(
+        1, "The data parallelism size: scheduler replicas (each its own process, model copy, pools and cache, "
+        "and on CPU its own cores) behind one HTTP/tokenizer front.", aliases=("--data-parallel-size",),
+    )
     load_balance_method: str = arg(
         "auto",
-        "The load balancing strategy for data parallelism. 'auto' picks follow_bootstrap_room on a PD prefill server, else round_robin.",
+        "The load balancing strategy for data parallelism. 'auto' picks follow_bootstrap_room on a PD prefill server, "
+        "else round_robin; total_requests sends each request to the replica with the shortest queue, total_tokens to "
+        "the one with the fewest tokens queued. A PD prefill server with --dp-size > 1 needs follow_bootstrap_room.",
         choices=C.LOAD_BALANCE_METHOD_CHOICES,
     )
 

@@ -350,6 +350,24 @@ def handle_hicache(sa) -> None:
         sa._declare(src, hicache_mem_layout=new_layout)
 
 
+def handle_data_parallelism(sa) -> None:
+    """`--dp-size N`: N scheduler replicas behind one tokenizer (`managers/data_parallel_controller.py`).
+    On a PD prefill server each replica registers its KV rank with the bootstrap server under its
+    dp rank, and the decode side finds a request's replica as `bootstrap_room % dp_size`: the
+    prefill's dispatch must follow that rule (upstream's `follow_bootstrap_room`, its default
+    there); upstream's room registration for the other methods is not implemented."""
+    cfg = sa._view()
+    if cfg.dp_size < 1:
+        raise ValueError(f"--dp-size must be at least 1, got {cfg.dp_size}.")
+    if cfg.dp_size > 1 and cfg.disaggregation_mode == "prefill" and cfg.load_balance_method not in (
+            "auto", "follow_bootstrap_room"):
+        raise ValueError(
+            f"--load-balance-method {cfg.load_balance_method} is not supported on a PD prefill server with "
+            f"--dp-size {cfg.dp_size}: the decode server finds a request's prefill replica as "
+            "bootstrap_room % dp_size. Use follow_bootstrap_room (the default on a prefill server)."
+        )
+
+
 def handle_load_balance_method(sa) -> None:
     cfg = sa._view()
     if cfg.load_balance_method == "auto":
@@ -463,6 +481,9 @@ def check_tensor_parallel(sa) -> None:
         from sglang.srt.utils import split_host_port
 
         split_host_port(cfg.dist_init_addr)  # upstream's error for a malformed address
+    if cfg.tp_size > 1 and (cfg.dp_size or 1) > 1:
+        raise ValueError(f"--tp-size {cfg.tp_size} with --dp-size {cfg.dp_size} is not supported yet: run one of them "
+                         "(each data-parallel replica is one process)")
     if cfg.tp_size > 1 and cfg.disaggregation_mode != "null":
         raise ValueError(f"--tp-size {cfg.tp_size} with --disaggregation-mode {cfg.disaggregation_mode} is not supported "
                          "yet: the KV transfer moves one rank's pages; run PD servers with --tp-size 1")
@@ -480,6 +501,7 @@ RESOLUTION_PIPELINE = (
     page_size_default,
     grammar_backend_default,
     handle_hicache,
+    handle_data_parallelism,
     handle_load_balance_method,
     handle_cache_compatibility,
     check_tensor_parallel,

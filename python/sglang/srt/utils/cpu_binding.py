@@ -8,7 +8,9 @@ core). Processes that do no forwards (the HTTP/tokenizer process, the detokenize
 thread: a full-width OpenMP pool in an idle process spins against the scheduler's.
 
 `launch_pd` gives its prefill and decode servers their cores through this variable; servers
-whose cores overlap take turns (`sglang.srt.utils.compute_turns`).
+whose cores overlap take turns (`sglang.srt.utils.compute_turns`). With `--dp-size N` each
+replica is one rank: group i of the variable, or, unset, an even share of the cores
+(`replica_cores`).
 
 Tensor parallelism (`tp_core_groups`): rank i on a node takes the i-th "|"-separated list; with
 the variable unset the node's available cores are split evenly between its ranks (2 cores, 2
@@ -61,16 +63,50 @@ def cores_for_rank(spec: Optional[str], rank: int = 0) -> Optional[List[int]]:
     return cores
 
 
-def bind_scheduler(rank: int = 0) -> str:
-    """Pins this (scheduler) process as `SGLANG_CPU_OMP_THREADS_BIND` says; returns a log line."""
+def replica_cores(dp_size: int) -> List[Optional[List[int]]]:
+    """The cores of each data-parallel replica (`--dp-size`): rank i's group of
+    `SGLANG_CPU_OMP_THREADS_BIND` when it names one group per replica ("|" between them);
+    otherwise the cores of its one group (e.g. what `launch_pd` gives a server), or unset the
+    cores this process may use, split evenly into contiguous blocks (the first replicas get one
+    more when they do not divide). One replica and no variable: None (it keeps every core, as
+    before). Raises ValueError when the replicas cannot each get a core."""
+    spec = os.environ.get(ENV)
+    named = spec is not None and spec.strip() not in ("", "all")
+    groups = spec.split("|") if named else []
+    if len(groups) > 1 or (named and dp_size == 1):
+        if len(groups) < dp_size:
+            raise ValueError(f"{ENV}={spec!r} names {len(groups)} core groups; --dp-size {dp_size} needs one "
+                             f"per replica, separated by '|' (e.g. '0-3|4-7'), or a single list to split")
+        return [cores_for_rank(spec, i) for i in range(dp_size)]
+    if dp_size <= 1:
+        return [None]
+    cores = cores_for_rank(spec, 0) if named else available_cores()
+    if len(cores) < dp_size:
+        raise ValueError(f"--dp-size {dp_size} needs at least one CPU core per replica; this server may use "
+                         f"{len(cores)} ({format_cores(cores)}). Lower --dp-size, or share cores on purpose with "
+                         f"{ENV} (one group per replica, '|' between them).")
+    base, extra = divmod(len(cores), dp_size)
+    out, start = [], 0
+    for i in range(dp_size):
+        n = base + (1 if i < extra else 0)
+        out.append(cores[start:start + n])
+        start += n
+    return out
+
+
+def bind_scheduler(rank: int = 0, cores: Optional[List[int]] = None) -> str:
+    """Pins this (scheduler) process to `cores`, or as `SGLANG_CPU_OMP_THREADS_BIND` says for
+    `rank`; returns a log line."""
     import torch
 
-    cores = cores_for_rank(os.environ.get(ENV), rank)
+    source = "given" if cores is not None else ENV
+    if cores is None:
+        cores = cores_for_rank(os.environ.get(ENV), rank)
     if cores is None:
         return f"CPU threads: {torch.get_num_threads()} (no {ENV}; cores {format_cores(available_cores())})"
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(len(cores))
-    return f"CPU threads: {len(cores)}, bound to cores {format_cores(cores)} ({ENV})"
+    return f"CPU threads: {len(cores)}, bound to cores {format_cores(cores)} ({source})"
 
 
 def tp_core_groups(num_local_ranks: int, spec: Optional[str] = None) -> List[Optional[List[int]]]:

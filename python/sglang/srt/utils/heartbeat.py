@@ -39,3 +39,17 @@ class Heartbeat:
         """Seconds since the last tick (inf before the first)."""
         last = self.last()
         return math.inf if last == 0.0 else time.monotonic() - last
+
+
+class Heartbeats:
+    """The heartbeats of several scheduler loops (data-parallel replicas, `--dp-size`), read as
+    one: the server is as alive as its most stuck replica."""
+
+    def __init__(self, beats):
+        self.beats = list(beats)
+
+    def age(self) -> float:
+        return max(b.age() for b in self.beats)
+
+    def last(self) -> float:
+        return min(b.last() for b in self.beats)

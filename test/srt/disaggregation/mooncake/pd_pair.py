@@ -1,5 +1,6 @@
 """Test helper: a real prefill/decode pair in one process (bootstrap server, two Mooncake managers
-over loopback TCP, two real MHATokenToKVPools, metadata buffers, optional Mamba-style state).
+over loopback TCP, two real KV pools (MHATokenToKVPool, or an MLATokenToKVPool side), metadata
+buffers, optional Mamba-style state).
 
 The decode side offers the same-host copy (`same_host.py`) only when asked (`same_host_copy=True`):
 the tests written for Mooncake's data path keep testing that path."""
@@ -20,7 +21,7 @@ from sglang.srt.disaggregation.transfer_backends import get_kv_class
 from sglang.srt.disaggregation.bootstrap_server import KVBootstrapServer
 from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, KVPoll, MetadataBuffers
 from sglang.srt.mem_cache.mamba_pool import MambaPool
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.utils import get_free_port
 
 BACKEND = "mooncake_tcp"
@@ -50,9 +51,12 @@ def wait_poll(obj, wanted, timeout: float):
 
 class Side:
     def __init__(self, mode, server_args, page_size, num_pages, head_dim=8, with_state=False, seed=0, system_dp_rank=0,
-                 same_host_copy=False):
+                 same_host_copy=False, mla=False):
         self.page_size = page_size
-        self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
+        if mla:  # one latent of 2 * head_dim values per token (same bytes per page as the MHA side)
+            self.pool = MLATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2 * head_dim - 4, 4, LAYERS)
+        else:
+            self.pool = MHATokenToKVPool(num_pages * page_size, page_size, torch.bfloat16, 2, head_dim, LAYERS)
         self.metadata = MetadataBuffers(8)
         self.state: Optional[List[torch.Tensor]] = None
         self.mamba_pool = None
@@ -61,7 +65,7 @@ class Side:
             self.state = self.mamba_pool.state_tensors()
         if mode == DisaggregationMode.PREFILL:
             g = torch.Generator().manual_seed(seed)
-            for b in self.pool.k_buffer + self.pool.v_buffer:
+            for b in self.pool.kv_buffers():
                 b.copy_(torch.randn(b.shape, generator=g).to(b.dtype))
             for t in self.state or []:
                 t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
@@ -71,25 +75,26 @@ class Side:
             self.manager = get_kv_class(BACKEND, KVClassType.MANAGER)(self.kv_args, mode, server_args)
 
     def page(self, buf_idx: int, page: int) -> torch.Tensor:
-        bufs = self.pool.k_buffer + self.pool.v_buffer
-        return bufs[buf_idx][page * self.page_size : (page + 1) * self.page_size]
+        return self.pool.kv_buffers()[buf_idx][page * self.page_size : (page + 1) * self.page_size]
 
     @property
     def num_buffers(self) -> int:
-        return len(self.pool.k_buffer) * 2
+        return len(self.pool.kv_buffers())
 
 
 class PDPair:
-    def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None, same_host_copy=False):
+    def __init__(self, page_size=1, num_pages=64, with_state=False, decode_head_dim=8, decode_page_size=None, same_host_copy=False,
+                 prefill_mla=False, decode_mla=False):
         self.port = get_free_port()
         self.server = KVBootstrapServer("127.0.0.1", self.port)
         self.server_args = DisaggConfig(host="127.0.0.1", disaggregation_bootstrap_port=self.port, disaggregation_transfer_backend=BACKEND,
                                         tp_size=1)
         self.bootstrap_addr = f"127.0.0.1:{self.port}"
-        self.prefill = Side(DisaggregationMode.PREFILL, self.server_args, page_size, num_pages, with_state=with_state)
+        self.prefill = Side(DisaggregationMode.PREFILL, self.server_args, page_size, num_pages, with_state=with_state,
+                            mla=prefill_mla)
         self.decode = Side(
             DisaggregationMode.DECODE, self.server_args, decode_page_size or page_size, num_pages, head_dim=decode_head_dim, with_state=with_state,
-            same_host_copy=same_host_copy,
+            same_host_copy=same_host_copy, mla=decode_mla,
         )
         self._closed = False
 

@@ -136,18 +136,36 @@ def test_mamba_state_slot_transfer():
         p.close()
 
 
-def test_kv_layout_mismatch_fails_both_sides_with_reason():
-    p = PDPair(page_size=1, num_pages=8, decode_head_dim=4)
+@pytest.mark.parametrize("kw,decode_layout", [
+    (dict(decode_head_dim=4), "mha:layers=3,heads=2,k=4,v=4,dtype=bfloat16"),
+    # an MLA decode whose pages have the MHA prefill's size: only the layout tells them apart
+    (dict(decode_mla=True), "mla:layers=3,kv_lora_rank=12,rope=4,dtype=bfloat16"),
+])
+def test_kv_layout_mismatch_fails_at_bootstrap(kw, decode_layout):
+    """Pages of one layout copied into the other would be garbage: the decode side refuses the
+    prefill at bootstrap, naming both layouts, before it registers or sends anything."""
+    p = PDPair(page_size=1, num_pages=8, **kw)
     try:
-        snd, rcv = p.bootstrapped_pair(77, [1, 2], aux_index=0)
-        snd.init(2, aux_index=0)
-        snd.send(np.array([1, 2], np.int32))
+        rcv = p.receiver(77)
+        rcv.init(0)
         assert wait_poll(rcv, DONE, 10) == KVPoll.Failed
-        assert wait_poll(snd, DONE, 10) == KVPoll.Failed
-        with pytest.raises(Exception, match=r"KV item length mismatch for buffer 0 \(src=32, dst=16\)"):
+        with pytest.raises(Exception, match=f"Prefill KV layout mha:layers=3,heads=2,k=8,v=8,dtype=bfloat16 does not "
+                                            f"match decode KV layout {decode_layout}"):
             rcv.failure_exception()
-        with pytest.raises(Exception, match="KV item length mismatch"):
-            snd.failure_exception()
+    finally:
+        p.close()
+
+
+def test_mla_pages_transfer():
+    p = PDPair(page_size=4, num_pages=16, prefill_mla=True, decode_mla=True)
+    try:
+        src, dst = np.array([3, 4, 9], np.int32), np.array([7, 2, 3], np.int32)
+        snd, rcv = p.bootstrapped_pair(78, dst, aux_index=0)
+        snd.init(3, aux_index=0)
+        snd.send(src)
+        assert wait_poll(rcv, DONE, 10) == KVPoll.Success
+        assert p.decode.num_buffers == 3  # one latent buffer per layer, no V buffers
+        p.assert_pages_equal(src, dst)
     finally:
         p.close()
 

@@ -130,6 +130,11 @@ class DecodeManagerMixin:
             page_size = info.get("page_size")
             if page_size is not None and int(page_size) != self.kv_args.page_size:
                 raise _FatalBootstrapError(f"Prefill page_size {page_size} does not match decode page_size {self.kv_args.page_size}")
+            layout = info.get("kv_layout")
+            if layout is not None and self.kv_args.kv_layout is not None and layout != self.kv_args.kv_layout:
+                # pages of one layout copied into the other would be garbage, not an error
+                raise _FatalBootstrapError(f"Prefill KV layout {layout} does not match decode KV layout "
+                                           f"{self.kv_args.kv_layout}; serve the same model and --kv-cache-dtype on both")
             decode_tp = max(int(self.server_args.tp_size), 1)
             if int(info.get("attn_tp_size", 1)) != decode_tp or int(info.get("pp_size", 1)) != 1 or int(info.get("attn_cp_size", 1)) != 1:
                 raise _FatalBootstrapError(

@@ -16,7 +16,13 @@ K/V in place through `req_to_token` (and the SWA slot map), split over long cont
 with `sgl_kernel.extend_attention`, the whole batch's new tokens in one call over their requests'
 slots (the new K/V are saved first), so a cached prefix is read where it lies, not gathered.
 
-Pools: a plain `MHATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
+MLA (DeepSeek): an `MLATokenToKVPool` holds one latent per token, and the model attends over it
+as one KV head whose V is the first `layer.v_head_dim` values of K (the absorbed form). The torch
+path reads V as that view; the compiled kernels need dense caches, so they get the latent as both
+K and V and the output keeps each head's first v_head_dim values (the kernels' head-dim limits
+apply: larger shapes take the torch path).
+
+Pools: a plain `MHATokenToKVPool`, an `MLATokenToKVPool`, or a hybrid `SWAKVPool`, whose sliding-window layers live
 in a separate pool addressed by translated slots (`pool.translate_loc_from_full_to_swa`);
 only in-window positions are read for those layers, so slots freed after sliding out of the
 window are never touched. Index tensors are built once per forward and shared by all layers.
@@ -87,14 +93,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         translate = is_swa_pool_layer(pool, layer.layer_id)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         T = q.shape[0]
-        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1:
+        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1 \
+                and _kernel_fits(pool, layer, decode=False):
             # In place over the pool (the new K/V were just saved): one call for the whole batch,
             # no gather of cached prefixes, no mask, no Python loop over requests.
             rows, prefix_lens, extend_lens = self._extend_lens()
-            return torch.ops.sgl_kernel.extend_attention(
-                q.view(T, -1), k_buf, v_buf, forward_batch.req_to_token_pool.req_to_token, rows, prefix_lens,
-                extend_lens, pool.full_to_swa_index_mapping if translate else None, layer.scaling,
+            o = torch.ops.sgl_kernel.extend_attention(
+                q.view(T, -1), k_buf, _kernel_v(pool, k_buf, v_buf), forward_batch.req_to_token_pool.req_to_token,
+                rows, prefix_lens, extend_lens, pool.full_to_swa_index_mapping if translate else None, layer.scaling,
                 layer.sliding_window_size, float(layer.logit_cap or 0.0))
+            return _kernel_out(pool, layer, o)
         qh = q.view(T, hq, layer.qk_head_dim)
         kh = k.view(T, hkv, layer.qk_head_dim).to(q.dtype)
         vh = v.view(T, hkv, layer.v_head_dim).to(q.dtype)
@@ -150,13 +158,15 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         translate = is_swa_pool_layer(pool, layer.layer_id)
-        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1:
+        if save_kv_cache and cpu_ops.enabled(q) and k_buf.dtype == q.dtype and q.stride(-1) == 1 \
+                and _kernel_fits(pool, layer, decode=True):
             # in place over the pool: no gather of K/V, no padding mask
             fb = forward_batch
-            return torch.ops.sgl_kernel.decode_attention(
-                q.view(q.shape[0], -1), k_buf, v_buf, fb.req_to_token_pool.req_to_token, fb.req_pool_indices,
-                fb.seq_lens, pool.full_to_swa_index_mapping if translate else None, layer.scaling,
-                layer.sliding_window_size, float(layer.logit_cap or 0.0))
+            o = torch.ops.sgl_kernel.decode_attention(
+                q.view(q.shape[0], -1), k_buf, _kernel_v(pool, k_buf, v_buf), fb.req_to_token_pool.req_to_token,
+                fb.req_pool_indices, fb.seq_lens, pool.full_to_swa_index_mapping if translate else None,
+                layer.scaling, layer.sliding_window_size, float(layer.logit_cap or 0.0))
+            return _kernel_out(pool, layer, o)
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         B = q.shape[0]
         idx, mask, last = self._decode_indices(layer.sliding_window_size, translate, pool)  # [B, L]
@@ -169,6 +179,32 @@ class TorchNativeAttnBackend(AttentionBackend):
         qh = q.view(B, hq, 1, layer.qk_head_dim)
         o = _attend(qh, keys.transpose(1, 2), vals.transpose(1, 2), mask, layer)
         return o.reshape(B, hq * layer.v_head_dim)
+
+
+def _is_mla(pool) -> bool:
+    return bool(getattr(pool, "is_mla", False))
+
+
+def _kernel_fits(pool, layer, decode: bool) -> bool:
+    """Whether sgl-kernel's paged attention takes this layer's shapes (its head-dim and head-group
+    limits; an MLA layer's V is read as the whole latent)."""
+    if not _is_mla(pool):
+        return True
+    d, g = layer.qk_head_dim, layer.tp_q_head_num // layer.tp_k_head_num
+    return d <= 512 and (not decode or (g <= 64 and g * d <= 8192))
+
+
+def _kernel_v(pool, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
+    """The V cache the kernels read: an MLA pool's V is a strided view of K; they get all of K."""
+    return k_buf if _is_mla(pool) else v_buf
+
+
+def _kernel_out(pool, layer, o: torch.Tensor) -> torch.Tensor:
+    """[T, hq * v_head_dim]: for an MLA pool, each head's first v_head_dim of its whole-latent output."""
+    if not _is_mla(pool):
+        return o
+    T, hq = o.shape[0], layer.tp_q_head_num
+    return o.view(T, hq, layer.qk_head_dim)[..., : layer.v_head_dim].reshape(T, hq * layer.v_head_dim)
 
 
 def _gather(buf: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

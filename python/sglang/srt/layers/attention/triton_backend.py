@@ -8,7 +8,8 @@ forward then reuses those index tensors. New K/V are written to the pool through
 pool (`SWAKVPool`), sliding-window layers read through the indices translated to SWA slots.
 
 On a GPU this is the default backend; on CPU it runs only through Triton's interpreter
-(TRITON_INTERPRET=1, slow: for tests).
+(TRITON_INTERPRET=1, slow: for tests). MLA pools (DeepSeek) are refused at start: the kernels
+here read V as a dense buffer of its own.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class TritonForwardMetadata:
 class TritonAttnBackend(AttentionBackend):
     def __init__(self, inputs, max_kv_splits: Optional[int] = None):
         """`inputs`: an `AttentionInputs` (the pools it reads and writes, and the shapes)."""
+        if getattr(inputs.token_to_kv_pool, "is_mla", False):
+            raise ValueError("--attention-backend triton does not run MLA models (DeepSeek-V2/V3) on this build; "
+                             "use --attention-backend torch_native")
         self.device = inputs.device
         self.req_to_token = inputs.req_to_token_pool.req_to_token
         self.token_to_kv_pool = inputs.token_to_kv_pool

@@ -20,3 +20,6 @@ class CacheInitParams:
     enable_kv_cache_events: bool = False
     # Hybrid SSM models: the MambaPool whose slots requests and the MAMBA component hold.
     mamba_pool: Any = None
+    # ... and the memory manager's `StateSlots` over it, from which the tree takes the slots of the
+    # states it keeps (mem_cache/state_slots.py); required with `mamba_pool`.
+    state_slots: Any = None

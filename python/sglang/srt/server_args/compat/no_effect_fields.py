@@ -120,9 +120,6 @@ class NoEffectFields:
         no_effect="no KV checksums",
     )
     # --- from upstream's parallel fields
-    dp_size: int = arg(1, "The data parallelism size.", aliases=("--data-parallel-size",),
-        no_effect=_ONE_DEVICE,
-    )
     pp_size: int = arg(1, "The pipeline parallelism size.", aliases=("--pipeline-parallel-size",),
         no_effect=_ONE_DEVICE,
     )
