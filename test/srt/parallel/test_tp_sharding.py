@@ -134,6 +134,7 @@ def test_launch_refuses_what_tp_does_not_serve(arch, tp, message, tmp_path):
     (dict(tp_size=2, nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:5000"), "--node-rank 2 is not in"),
     (dict(tp_size=2, dist_init_addr="127.0.0.1"), "Missing port"),
     (dict(tp_size=2, disaggregation_mode="prefill"), "is not supported yet"),
+    (dict(tp_size=2, dp_size=2), "--tp-size 2 with --dp-size 2 is not supported yet"),
 ])
 def test_server_args_refuse_bad_layouts(kwargs, message):
     from sglang.srt.server_args import ServerArgs
