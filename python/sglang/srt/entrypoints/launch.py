@@ -117,10 +117,11 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     ctx = mp.get_context("spawn")
     procs = EngineProcesses(None, {}, [], port_args, bootstrap_server)
     try:
-        placements = tp_placements(server_args, port_args)  # TP (one replica): rank 0 here, the others below
-        schedulers = [_start_scheduler(ctx, server_args, port_args, notify_parent, replica,
-                                       placements[0] if server_args.tp_size > 1 else None) for replica in replicas]
-        followers = start_tp_ranks(server_args, port_args, placements[1:], ctx, notify_parent)
+        tp = server_args.tp_size > 1
+        placements = tp_placements(server_args, port_args) if tp else [None]  # TP (one replica): rank 0 here
+        schedulers = [_start_scheduler(ctx, server_args, port_args, notify_parent, replica, placements[0])
+                      for replica in replicas]
+        followers = start_tp_ranks(server_args, port_args, placements[1:], ctx, notify_parent) if tp else []
         procs.processes += [s.process for s in schedulers] + [p for p, _ in followers]
         heartbeats = [s.heartbeat for s in schedulers]
         procs.heartbeat = heartbeats[0] if len(heartbeats) == 1 else Heartbeats(heartbeats)
@@ -132,9 +133,12 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
                             name="sglang::detokenizer", daemon=True)
         detok.start()
         procs.processes.append(detok)
-        ready = _wait_all_ready([(s.ready, s.process, s.process.name.replace("sglang::", "")) for s in schedulers]
-                                + [(r, p, p.name.replace("sglang::", "")) for p, r in followers])
-        infos = [msg.info for msg in ready[:len(schedulers)]]
+        if tp:  # every rank at once: one that cannot join fails the start in bounded time
+            ready = _wait_all_ready([(s.ready, s.process, s.process.name.replace("sglang::", "")) for s in schedulers]
+                                    + [(r, p, p.name.replace("sglang::", "")) for p, r in followers])
+            infos = [msg.info for msg in ready[:len(schedulers)]]
+        else:
+            infos = [_wait_ready(s.ready, s.process, s.process.name.replace("sglang::", "")).info for s in schedulers]
         _wait_ready(detok_r, detok, "detokenizer")
     except Exception:
         procs.shutdown()
