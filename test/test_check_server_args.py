@@ -164,3 +164,12 @@ def test_default_model_and_non_folder_skip_model_checks(tmp_path, capsys):
     assert "'undetermined'" in out
     assert main(["--model-path", str(tmp_path), *DECODE, *HOST_POOL]) == 0
     assert "is not a local folder with a config.json" in capsys.readouterr().out
+
+
+def test_tp_size_checks_the_family_and_shape(models, capsys):
+    """--tp-size: a family TP splits passes; another family, or heads that do not divide, is one line."""
+    assert main(["--model-path", models["llama"], "--tp-size", "2"]) == 0
+    assert main(["--model-path", models["mamba"], "--tp-size", "2"]) == 2
+    assert "NemotronHForCausalLM is not tensor-parallel in this build" in capsys.readouterr().err
+    assert main(["--model-path", models["llama"], "--tp-size", "4"]) == 2
+    assert "--tp-size 4 does not divide the model's num_attention_heads (2)" in capsys.readouterr().err

@@ -62,9 +62,10 @@ def _load_model_config(model_path: str):
 
 def _model_checks(sa: ServerArgs, model_config, backup: Optional[str]) -> None:
     from sglang.srt.mem_cache.registry import validate_host_pool_retraction
-    from sglang.srt.model_loader.loader import check_model_servable
+    from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
 
     check_model_servable(sa.model_path)
+    check_tp_servable(sa.model_path, sa.tp_size)  # --tp-size: a family and a shape TP splits
 
     validate_host_pool_retraction(backup, model_config.is_hybrid_ssm, model_config.is_pure_swa,
                                   sa.enable_mamba_host_pool_backup)

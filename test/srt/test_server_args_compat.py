@@ -71,11 +71,11 @@ def test_no_effect_list_is_documented():
 
 def test_upstream_only_flags_are_accepted_and_reported():
     sa = prepare_server_args(["--model-path", "default", "--cuda-graph-max-bs-decode", "8", "--enable-dp-attention",
-                              "--cuda-graph-bs", "1", "2", "4", "--tp-size", "2", "--enable-tf32-matmul"])
+                              "--cuda-graph-bs", "1", "2", "4", "--pp-size", "2", "--enable-tf32-matmul"])
     assert sa.ignored_upstream_args == {"cuda_graph_max_bs_decode": "8", "enable_dp_attention": True,
                                         "cuda_graph_bs": ["1", "2", "4"], "enable_tf32_matmul": True}
     assert no_effect_settings(sa) == ["--cuda-graph-bs", "--cuda-graph-max-bs-decode", "--enable-dp-attention",
-                                      "--enable-tf32-matmul", "--tp-size"]
+                                      "--enable-tf32-matmul", "--pp-size"]
     # Defaults are not reported: a plain launch warns about nothing.
     assert no_effect_settings(prepare_server_args(["--model-path", "default"])) == []
 

@@ -528,6 +528,15 @@ def launch_server(server_args) -> None:
     signal.signal(signal.SIGQUIT, _on_sigquit)
     logger.info(f"{server_args=}")  # secrets are redacted by ServerArgs.__repr__
     warn_no_effect_flags(server_args)
+    if server_args.node_rank >= 1:  # multi-node TP: this node runs its ranks only (upstream: no HTTP)
+        from sglang.srt.entrypoints.launch import run_nonzero_node
+
+        code = 1
+        try:
+            code = run_nonzero_node(server_args)
+        finally:
+            stop_resource_tracker()
+        sys.exit(code)
     procs = launch_engine_processes(server_args, notify_parent=True)
     state = None
     try:

@@ -5,7 +5,13 @@ With `--dp-size N` it starts N scheduler replicas through the same `_start_sched
 with its index, its own input socket, cores (`utils/cpu_binding.replica_cores`) and load
 report; the TokenizerManager's data-parallel controller dispatches to them
 (`managers/data_parallel_controller.py`), and every replica pushes its outputs to the one
-detokenizer. A replica that dies takes the server down as the one scheduler does."""
+detokenizer. A replica that dies takes the server down as the one scheduler does.
+
+Tensor parallelism (--tp-size N, docs/parallelism.md): N scheduler processes, one per rank
+(`start_tp_ranks`, which takes one replica's placements: ranks, store address, cores). Rank 0 is
+the scheduler the tokenizer talks to; the others run `managers/tp_group_worker.py` followers.
+With --nnodes > 1 each node starts its own ranks (`tp_placements`); node 0 also runs the
+tokenizer, detokenizer and HTTP server, the other nodes only their ranks (`run_nonzero_node`)."""
 
 from __future__ import annotations
 
@@ -95,20 +101,28 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
     from sglang.srt.managers.tokenizer_loading import load_tokenizer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.managers.internal_channel import internal_codec
-    from sglang.srt.model_loader.loader import check_model_servable
+    from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
     from sglang.srt.server_args import PortArgs
     from sglang.srt.utils.heartbeat import Heartbeats
 
     internal_codec()  # a bad SGLANG_INTERNAL_SECRET fails here, before any process starts
     check_model_servable(server_args.model_path)  # a config we cannot serve: one line, nothing spawned
+    check_tp_servable(server_args.model_path, server_args.tp_size)
+    if server_args.node_rank != 0:
+        raise ValueError("--node-rank > 0 runs only its TP ranks: start it with `python -m sglang.launch_server` "
+                         "(an Engine serves from node 0)")
     replicas = plan_replicas(server_args)  # bad core groups for --dp-size: one line, nothing spawned
     port_args = PortArgs.init_new(server_args)
     bootstrap_server = _start_bootstrap_server(server_args)
     ctx = mp.get_context("spawn")
     procs = EngineProcesses(None, {}, [], port_args, bootstrap_server)
     try:
-        schedulers = [_start_scheduler(ctx, server_args, port_args, notify_parent, replica) for replica in replicas]
-        procs.processes += [s.process for s in schedulers]
+        tp = server_args.tp_size > 1
+        placements = tp_placements(server_args, port_args) if tp else [None]  # TP (one replica): rank 0 here
+        schedulers = [_start_scheduler(ctx, server_args, port_args, notify_parent, replica, placements[0])
+                      for replica in replicas]
+        followers = start_tp_ranks(server_args, port_args, placements[1:], ctx, notify_parent) if tp else []
+        procs.processes += [s.process for s in schedulers] + [p for p, _ in followers]
         heartbeats = [s.heartbeat for s in schedulers]
         procs.heartbeat = heartbeats[0] if len(heartbeats) == 1 else Heartbeats(heartbeats)
         # Loaded once here, while the schedulers load the model; the detokenizer gets a copy.
@@ -119,7 +133,12 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
                             name="sglang::detokenizer", daemon=True)
         detok.start()
         procs.processes.append(detok)
-        infos = [_wait_ready(s.ready, s.process, s.process.name.replace("sglang::", "")).info for s in schedulers]
+        if tp:  # every rank at once: one that cannot join fails the start in bounded time
+            ready = _wait_all_ready([(s.ready, s.process, s.process.name.replace("sglang::", "")) for s in schedulers]
+                                    + [(r, p, p.name.replace("sglang::", "")) for p, r in followers])
+            infos = [msg.info for msg in ready[:len(schedulers)]]
+        else:
+            infos = [_wait_ready(s.ready, s.process, s.process.name.replace("sglang::", "")).info for s in schedulers]
         _wait_ready(detok_r, detok, "detokenizer")
     except Exception:
         procs.shutdown()
@@ -160,7 +179,7 @@ def plan_replicas(server_args) -> list:
     return [ReplicaSlot(dp_rank=i, cores=cores[i]) for i in range(dp_size)]
 
 
-def _start_scheduler(ctx, server_args, port_args, notify_parent: bool, replica) -> StartedScheduler:
+def _start_scheduler(ctx, server_args, port_args, notify_parent: bool, replica, placement=None) -> StartedScheduler:
     """Starts one scheduler process: the only one, or data-parallel replica `replica.dp_rank`
     with its own input socket, cores and load report."""
     from sglang.srt.managers.data_parallel_controller import replica_input_names
@@ -178,10 +197,147 @@ def _start_scheduler(ctx, server_args, port_args, notify_parent: bool, replica) 
         name = f"sglang::scheduler_DP{replica.dp_rank}"  # upstream's process name
     ready_r, ready_w = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=run_scheduler_process,
-                       args=(server_args, port_args, ready_w, notify_parent, heartbeat, replica),
+                       args=(server_args, port_args, ready_w, notify_parent, heartbeat, replica, placement),
                        name=name, daemon=True)
     proc.start()
     return StartedScheduler(proc, ready_r, heartbeat, replica)
+
+
+def tp_placements(server_args, port_args=None, node_rank=None, core_groups=None, init_addr=None):
+    """This node's TP ranks (`TpPlacement`s): --tp-size / --nnodes of them, from rank
+    node_rank * that; the group meets at `init_addr`, else --dist-init-addr, else on this host at
+    the nccl port; cores from `core_groups` (one list per local rank), else
+    SGLANG_CPU_OMP_THREADS_BIND ("|" between this node's ranks) or split evenly
+    (utils/cpu_binding.py tp_core_groups). A single rank without `core_groups`: one placement
+    with no cores (the scheduler binds itself as before). A data-parallel controller passes each
+    replica its own cores and store address."""
+    from sglang.srt.managers.tp_worker import TpPlacement
+    from sglang.srt.utils.cpu_binding import tp_core_groups
+
+    tp, nnodes = int(server_args.tp_size), int(server_args.nnodes)
+    node = int(server_args.node_rank if node_rank is None else node_rank)
+    if tp == 1:
+        return [TpPlacement(cores=core_groups[0] if core_groups else None)]
+    per_node = tp // nnodes
+    addr = init_addr or server_args.dist_init_addr
+    if not addr:
+        port = port_args.nccl_port if port_args is not None else server_args.nccl_port
+        addr = f"127.0.0.1:{port}"
+    if core_groups is not None:
+        cores = list(core_groups)
+    else:
+        cores = tp_core_groups(per_node) if (server_args.device or "cpu") == "cpu" else [None] * per_node
+    return [TpPlacement(rank=node * per_node + i, size=tp, init_addr=addr, cores=cores[i], local_rank=i)
+            for i in range(per_node)]
+
+
+def start_tp_ranks(server_args, port_args, placements, ctx, notify_parent: bool = False, heartbeat=None) -> list:
+    """Starts one process per placement: rank 0 is the scheduler (it serves `port_args`' sockets),
+    any other rank a follower. Returns [(process, ready pipe)] in the placements' order; the
+    processes have started (not yet joined their group: wait on the pipes)."""
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.managers.tp_group_worker import run_tp_follower_process
+
+    out = []
+    for placement in placements:
+        reader, writer = ctx.Pipe(duplex=False)
+        if placement.rank == 0:
+            proc = ctx.Process(target=run_scheduler_process,
+                               args=(server_args, port_args, writer, notify_parent, heartbeat, None, placement),
+                               name="sglang::scheduler", daemon=True)
+        else:
+            proc = ctx.Process(target=run_tp_follower_process, args=(server_args, placement, writer, notify_parent),
+                               name=f"sglang::scheduler_TP{placement.rank}", daemon=True)
+        proc.start()
+        out.append((proc, reader))
+    return out
+
+
+def run_nonzero_node(server_args) -> int:
+    """--node-rank > 0: starts this node's TP ranks and waits on them (no tokenizer, detokenizer
+    or API: node 0 serves). As upstream, --host:--port answers only `GET /health` and
+    `/health_generate` (200 while this node's ranks run, 503 otherwise) for orchestrators. Returns
+    the exit code: 0 when the ranks were stopped cleanly, else non-zero, with the failing rank
+    named in the log."""
+    import time
+
+    from sglang.srt.model_loader.loader import check_model_servable, check_tp_servable
+
+    check_model_servable(server_args.model_path)
+    check_tp_servable(server_args.model_path, server_args.tp_size)
+    ctx = mp.get_context("spawn")
+    ranks = start_tp_ranks(server_args, None, tp_placements(server_args), ctx, notify_parent=False)
+    procs = [p for p, _ in ranks]
+    health = None
+    try:
+        _wait_all_ready([(r, p, p.name) for p, r in ranks])
+        health = _node_health_server(server_args.host, server_args.port, lambda: all(p.is_alive() for p in procs))
+        logger.info(f"Node {server_args.node_rank}: TP ranks {[p.name for p in procs]} joined the group at "
+                    f"{server_args.dist_init_addr}; node 0 serves HTTP. Waiting on the ranks.")
+        while all(p.is_alive() for p in procs):
+            time.sleep(0.2)
+        dead = next(p for p in procs if not p.is_alive())
+        code = dead.exitcode
+        if code:
+            logger.error(f"Node {server_args.node_rank}: {dead.name} exited with code {code}; stopping this node.")
+        return 1 if code else 0
+    except Exception as e:  # noqa: BLE001 - one line, then the exit code
+        logger.error(f"Node {server_args.node_rank} failed to start: {e}")
+        return 1
+    finally:
+        if health is not None:
+            health.shutdown()
+            health.server_close()
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+
+
+def _node_health_server(host: str, port: int, healthy):
+    """A thread serving GET /health and /health_generate on a node other than 0 (nothing else)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.split("?")[0] not in ("/health", "/health_generate"):
+                self.send_error(404, "node 0 serves the API")
+                return
+            ok = healthy()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):  # probes are not worth a log line
+            pass
+
+    server = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name="sglang-node-health", daemon=True).start()
+    return server
+
+
+def _wait_all_ready(waits) -> list:
+    """[(pipe, process, name)] -> their ready messages; raises as soon as one fails or dies (a
+    TP rank that cannot join its group fails in bounded time, and says so on its pipe)."""
+    results = [None] * len(waits)
+    pending = set(range(len(waits)))
+    while pending:
+        for i in sorted(pending):
+            pipe, proc, name = waits[i]
+            if pipe.poll(timeout=0.1):
+                msg = pipe.recv()
+                if isinstance(msg, dict) and "error" in msg:
+                    raise RuntimeError(f"The {name} process failed to start:\n{msg['error']}")
+                results[i] = msg
+                pending.discard(i)
+            elif not proc.is_alive():
+                raise RuntimeError(f"The {name} process exited during start-up (exit code {proc.exitcode}). "
+                                   "Check the log above.")
+    return results
 
 
 def _start_bootstrap_server(server_args):

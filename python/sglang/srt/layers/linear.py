@@ -3,7 +3,14 @@ checkpoint should not pay for initialising weights it overwrites).
 
 `MergedLinear` stacks several HF projections into one matmul (q/k/v -> qkv_proj, gate/up ->
 gate_up_proj); `weight_loader(param, tensor, shard_id)` copies one HF tensor into its slice.
-Single-device only: these are the tensor-parallel-free versions of upstream's layers.
+
+Tensor parallelism (distributed/parallel_state.py; a group of one changes nothing): a
+`ColumnParallelLinear` (and the merged ones) holds this rank's block of output rows, a
+`RowParallelLinear` this rank's block of input columns and sums the partial products over the
+ranks (all-reduce) before adding its bias once. `QKVParallelLinear` splits the heads: query
+heads evenly, KV heads evenly too when there are at least as many as ranks, else each rank keeps
+the one KV head its query heads use (replicated). Loading shards at load time: each
+`weight_loader` copies only this rank's slice of the checkpoint tensor.
 
 On CPU, `pack_linear_weights(model)` gives every linear layer and the LM head a oneDNN-blocked
 copy of its weight (`packed_weight`), which oneDNN multiplies 1.3-2x faster than `F.linear` on
@@ -31,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.distributed.parallel_state import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 from sglang.srt.layers import cpu_ops
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.gguf_linear import gguf_linear
@@ -58,31 +66,94 @@ class ReplicatedLinear(nn.Module):
         _copy_checked(param.data, loaded)
 
 
-# Upstream names, kept so model code reads like upstream's.
-RowParallelLinear = ReplicatedLinear
-ColumnParallelLinear = ReplicatedLinear
+def _split(size: int, tp_size: int, what: str) -> int:
+    if size % tp_size:
+        raise ValueError(f"{what} ({size}) is not divisible by --tp-size {tp_size}")
+    return size // tp_size
+
+
+def _rank_rows(loaded: torch.Tensor, dim: int, start: int, size: int, full: int) -> torch.Tensor:
+    """This rank's `size` rows from `start` along `dim` of a checkpoint tensor of `full` rows (a
+    tensor of another size goes through whole, so that the copy names the shape mismatch)."""
+    if size == full or loaded.dim() <= dim or loaded.shape[dim] != full:
+        return loaded
+    return loaded.narrow(dim, start, size)
+
+
+class ColumnParallelLinear(ReplicatedLinear):
+    """Output rows split across the TP ranks; returns this rank's part of the output."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        super().__init__(input_size, _split(output_size, self.tp_size, "output size"), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.data.shape[0]
+        _copy_checked(param.data, _rank_rows(loaded, 0, self.tp_rank * n, n, n * self.tp_size))
+
+
+class RowParallelLinear(ReplicatedLinear):
+    """Input columns split across the TP ranks; the partial products are summed over the ranks
+    (all-reduce), then the bias is added once."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        super().__init__(_split(input_size, self.tp_size, "input size"), output_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return module_linear(self, x)
+        y = linear(x, self.weight, None, self.packed_weight, self.int8_weight, self.onednn_weight)
+        y = tensor_model_parallel_all_reduce(y)
+        return y if self.bias is None else y + self.bias
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if param.dim() == 1:  # the bias: whole on every rank
+            _copy_checked(param.data, loaded)
+            return
+        n = param.data.shape[1]
+        _copy_checked(param.data, _rank_rows(loaded, 1, self.tp_rank * n, n, n * self.tp_size))
 
 
 class MergedLinear(ReplicatedLinear):
-    """Several output blocks in one weight; block `i` has `output_sizes[i]` rows."""
+    """Several output blocks in one weight; block `i` has `output_sizes[i]` rows (the whole
+    model's). Under TP each block is split by rank (`_rank_block`) and this rank holds its part of
+    each block, in the same order."""
 
     def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False,
                  shard_names: Optional[Sequence[Union[str, int]]] = None):
-        super().__init__(input_size, sum(output_sizes), bias)
-        self.output_sizes = list(output_sizes)
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         names = list(shard_names) if shard_names is not None else list(range(len(output_sizes)))
+        self.full_sizes = dict(zip(names, output_sizes))
+        local = [self._rank_block(name, size)[1] for name, size in zip(names, output_sizes)]
+        super().__init__(input_size, sum(local), bias)
+        self.output_sizes = local
         self._offsets = {}
         acc = 0
-        for name, size in zip(names, self.output_sizes):
+        for name, size in zip(names, local):
             self._offsets[name] = (acc, size)
             acc += size
 
+    def _rank_block(self, shard_id, full_size: int) -> Tuple[int, int]:
+        """(start row in the checkpoint's block, rows) this rank holds of block `shard_id`."""
+        size = _split(full_size, self.tp_size, f"output block {shard_id!r}")
+        return self.tp_rank * size, size
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if shard_id is None:
-            _copy_checked(param.data, loaded)
+            if self.tp_size == 1:
+                _copy_checked(param.data, loaded)
+                return
+            # A fused checkpoint tensor (Phi-3's qkv_proj): its blocks, each sharded.
+            at = 0
+            for name, full in self.full_sizes.items():
+                self.weight_loader(param, loaded.narrow(0, at, full), name)
+                at += full
             return
         start, size = self._offsets[shard_id]
-        _copy_checked(param.data.narrow(0, start, size), loaded)
+        src_start, src_size = self._rank_block(shard_id, self.full_sizes[shard_id])
+        full = self.full_sizes[shard_id]
+        _copy_checked(param.data.narrow(0, start, size), _rank_rows(loaded, 0, src_start, src_size, full))
 
 
 class MergedColumnParallelLinear(MergedLinear):
@@ -101,14 +172,34 @@ class MergedColumnParallelLinear(MergedLinear):
 
 
 class QKVParallelLinear(MergedLinear):
-    """qkv_proj: shards "q", "k", "v"."""
+    """qkv_proj: shards "q", "k", "v". `num_heads` / `num_kv_heads`: this rank's heads."""
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: int, bias: bool = False):
+        tp = get_tp_size()
+        self.head_size = head_size
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = _split(total_num_heads, tp, "the number of attention heads")
+        if total_num_kv_heads >= tp:
+            self.num_kv_heads = _split(total_num_kv_heads, tp, "the number of KV heads")
+        elif tp % total_num_kv_heads:
+            raise ValueError(f"--tp-size {tp} is not a multiple of the number of KV heads ({total_num_kv_heads})")
+        else:
+            self.num_kv_heads = 1  # replicated: tp / total ranks share each KV head
         self.q_size = total_num_heads * head_size
         self.kv_size = total_num_kv_heads * head_size
         super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias,
                          shard_names=["q", "k", "v"])
+
+    def _rank_block(self, shard_id, full_size: int) -> Tuple[int, int]:
+        if shard_id == "q":
+            n = self.num_heads * self.head_size
+            return self.tp_rank * n, n
+        n = self.num_kv_heads * self.head_size
+        if self.total_num_kv_heads >= self.tp_size:
+            return self.tp_rank * n, n
+        ranks_per_head = self.tp_size // self.total_num_kv_heads
+        return (self.tp_rank // ranks_per_head) * n, n
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

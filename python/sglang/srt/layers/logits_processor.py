@@ -9,7 +9,9 @@ result in the model dtype, widened (sgl-kernel's panels store it so in one pass)
 
 A decode batch marked `forward_batch.argmax_only` gets `next_token_ids` instead (the argmax of
 those logits, taken in the LM head's own pass where its weights are in sgl-kernel panels:
-`linear.module_linear_argmax`) and no logits; elsewhere it gets the logits as usual.
+`linear.module_linear_argmax`) and no logits; elsewhere it gets the logits as usual. Under TP
+the LM head holds a slice of the vocabulary: the logits are gathered on every rank
+(`vocab_parallel_embedding.gather_vocab_logits`) and the argmax shortcut is not taken.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import module_linear, module_linear_argmax
+from sglang.srt.layers.vocab_parallel_embedding import gather_vocab_logits
 from sglang.srt.utils import log_once
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class LogitsProcessor(nn.Module):
 
     def _compute(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         logits = module_linear(lm_head, hidden, torch.float32, round_to_x=not self.fp32_lm_head)
+        logits = gather_vocab_logits(lm_head, logits)  # TP: this rank's vocabulary columns -> all
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.final_logit_softcapping:
@@ -78,7 +82,8 @@ class LogitsProcessor(nn.Module):
             return LogitsProcessorOutput(next_token_logits=full.index_select(0, idx), full_logits=full,
                                          hidden_states=last_hidden, all_hidden_states=all_hidden)
         if getattr(forward_batch, "argmax_only", False) and forward_batch.forward_mode.is_decode() \
-                and self.logit_scale is None and not self.final_logit_softcapping:
+                and self.logit_scale is None and not self.final_logit_softcapping \
+                and getattr(lm_head, "tp_size", 1) == 1:  # a rank's argmax is over its vocabulary rows only
             ids = module_linear_argmax(lm_head, last_hidden, round_to_x=not self.fp32_lm_head)
             if ids is not None:
                 log_once(logger, ARGMAX_MESSAGE)

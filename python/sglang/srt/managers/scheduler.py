@@ -43,7 +43,8 @@ from sglang.srt.managers.scheduler_stats import SchedulerStats, embedding_info
 from sglang.srt.managers.role_factory import make_role
 from sglang.srt.managers.server_role import SchedulerFacade
 from sglang.srt.managers.spec_decode import SpecDecodePlanner
-from sglang.srt.managers.tp_worker import TpModelWorker, WorkerBatch
+from sglang.srt.managers.tp_group_worker import make_worker
+from sglang.srt.managers.tp_worker import WorkerBatch
 from sglang.srt.speculative.spec_config import SpecConfig
 from sglang.srt.utils.compute_turns import ComputeTurns
 
@@ -55,14 +56,16 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 class Scheduler:
-    def __init__(self, server_args, dp_rank: int = 0):
+    def __init__(self, server_args, dp_rank: int = 0, placement=None):
         """`dp_rank`: which data-parallel replica this scheduler is (`--dp-size`; a PD prefill
-        replica registers its KV rank with the bootstrap server under it)."""
+        replica registers its KV rank with the bootstrap server under it). `placement`: under
+        tensor parallelism, rank 0 of its group (managers/tp_worker.py TpPlacement)."""
         self.dp_rank = dp_rank
         self.server_args = sa = server_args
         set_random_seed(sa.random_seed)  # --random-seed (resolved to a random value when unset)
         self.spec_config = SpecConfig.from_server_args(sa)  # --speculative-algorithm, or None
-        self.worker = TpModelWorker(sa)  # loads the model
+        # loads the model (under TP, rank 0's shards: `placement`, managers/tp_worker.py)
+        self.worker = make_worker(sa, placement)
         if self.spec_config is not None:
             from sglang.srt.speculative.spec_worker import NgramWorker
 

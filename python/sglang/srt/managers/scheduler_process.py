@@ -27,6 +27,7 @@ import traceback
 from typing import List, Optional
 
 from sglang.srt.managers.replica_load import ReplicaLoad
+from sglang.srt.distributed.parallel_state import TpPeerError
 from sglang.srt.utils.heartbeat import Heartbeat
 from sglang.srt.utils.process import notify_parent_and_exit
 from sglang.srt.managers.internal_channel import bind_private, recv_msg, send_msg
@@ -168,6 +169,8 @@ class SchedulerLoop:
         try:
             outs = s.step() if s.has_work() else s.take_outputs()
             self.consecutive_errors = 0
+        except TpPeerError:  # the TP ranks are out of step: nothing to contain
+            raise
         except Exception as e:  # noqa: BLE001 - contained below, or fatal after too many
             self.consecutive_errors += 1
             logger.error("Scheduler step failed (%d in a row); aborting the batch's requests:\n%s",
@@ -178,6 +181,7 @@ class SchedulerLoop:
             outs = s.take_outputs()
         self.send_outputs(outs)
         self.publish_load()
+        s.worker.keep_alive()  # TP: the other ranks hear from rank 0 at least once a second
 
     def publish_load(self) -> None:
         """What the data-parallel controller's shortest-queue dispatch reads (`replica_load.py`)."""
@@ -212,10 +216,11 @@ class ReplicaSlot:
 
 
 def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: bool = False,
-                          heartbeat: Heartbeat = None, replica: ReplicaSlot = None) -> None:
+                          heartbeat: Heartbeat = None, replica: ReplicaSlot = None, placement=None) -> None:
     """`notify_parent`: the parent is a server that handles SIGQUIT (an `Engine` host process is not).
     `heartbeat`: the shared value the launcher reads (a private one when None). `replica`: which
-    data-parallel replica this is (None: the only one)."""
+    data-parallel replica this is (None: the only one). `placement` (managers/tp_worker.py
+    TpPlacement): under tensor parallelism this is rank 0 of its group, bound to its cores."""
     from sglang.srt.utils.process import configure_subprocess
 
     replica = replica if replica is not None else ReplicaSlot()
@@ -224,11 +229,12 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
         from sglang.srt.managers.scheduler import Scheduler
 
         if server_args.device == "cpu":  # the cores this scheduler's forwards own
-            from sglang.srt.utils.cpu_binding import bind_scheduler
+            from sglang.srt.utils.cpu_binding import bind_scheduler, bind_to_cores
 
-            logger.info(bind_scheduler(rank=replica.dp_rank, cores=replica.cores))
+            tp = placement is not None and placement.size > 1
+            logger.info(bind_to_cores(placement.cores) if tp else bind_scheduler(rank=replica.dp_rank, cores=replica.cores))
 
-        scheduler = Scheduler(server_args, dp_rank=replica.dp_rank)
+        scheduler = Scheduler(server_args, dp_rank=replica.dp_rank, placement=placement)
         if server_args.device == "cpu":  # after loading and pool sizing: what loading freed goes back
             from sglang.srt.utils.host_memory import keep_freed_memory
 
@@ -250,6 +256,7 @@ def run_scheduler_process(server_args, port_args, ready_pipe, notify_parent: boo
     except SystemExit:  # SIGTERM from the parent: a normal shutdown
         from sglang.srt.utils.process import exit_after_cleanup
 
+        getattr(scheduler.worker, "stop_followers", lambda: None)()  # TP: the other ranks exit too
         loop.ctx.destroy(linger=0)
         exit_after_cleanup(0)
     except BaseException:  # noqa: BLE001 - fatal: say so, tell the parent, exit non-zero

@@ -6,9 +6,10 @@
     result = worker.forward_batch_generation(batch)  # forward + sample -> GenerationBatchResult
 
 `ModelWorker` is the interface the scheduler sees. `TpModelWorker` (upstream's name) is the plain
-worker: one process, one model, rank 0 of a tensor-parallel group of one. A TP rank-0 worker
-(broadcasting the batch to its peers) and a speculative worker (draft, then verify with the
-target worker) are alternatives behind the same four calls; a multi-LoRA batch carries its adapter
+worker: one process, one model (under tensor parallelism: this rank's shards). The TP rank-0
+worker (`tp_group_worker.py` TpGroupWorker: sends each planned batch to the other ranks, which
+run the same forward; `tp_group_worker.make_worker` picks it) and a speculative worker (draft, then verify with
+the target worker) are alternatives behind the same four calls; a multi-LoRA batch carries its adapter
 segments in `WorkerBatch`. The worker never sees requests, queues or memory accounting: only the
 `ForwardBatch` and what sampling needs.
 """
@@ -56,6 +57,19 @@ class GenerationBatchResult:
     spec_accepted: Optional[List[int]] = None
 
 
+@dataclasses.dataclass
+class TpPlacement:
+    """One tensor-parallel rank of one replica: its rank and group size, the address of the
+    group's TCP store (`host:port`, rank 0 serves it), and the CPU cores it is bound to (None:
+    the process keeps the cores it started with). `local_rank`: its index on this node."""
+
+    rank: int = 0
+    size: int = 1
+    init_addr: str = ""
+    cores: Optional[List[int]] = None
+    local_rank: int = 0
+
+
 class ModelWorker(abc.ABC):
     """The one interface behind which plain, TP rank-0 and speculative workers are alternatives."""
 
@@ -77,17 +91,29 @@ class ModelWorker(abc.ABC):
     def forward_batch_embedding(self, forward_batch):
         """Runs the forward of an embedding server's batch (no sampling): LogitsProcessorOutput."""
 
+    def keep_alive(self) -> None:
+        """Called every turn of the scheduler loop, busy or idle (a TP rank 0 tells the other
+        ranks it is alive, managers/tp_group_worker.py); nothing for a single process."""
+
 
 class TpModelWorker(ModelWorker):
     """The plain worker: the `ModelRunner` and the `Sampler` of this process."""
 
-    def __init__(self, server_args):
+    def __init__(self, server_args, placement: Optional[TpPlacement] = None):
+        """Under TP (`placement.size` > 1) this process joins its group first (the layers shard
+        as they are built), loads its shards, and the ranks agree on one KV token count (the
+        smallest any rank can hold: every rank's pool holds its heads of the same slots)."""
         from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed.parallel_state import init_tp_group
         from sglang.srt.layers.sampler import Sampler
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.model_loader.default_model import resolve_model_path
 
         sa = server_args
+        self.placement = placement or TpPlacement()
+        if self.placement.size > 1:
+            init_tp_group(self.placement.rank, self.placement.size, self.placement.init_addr,
+                          device=sa.device or "cpu", init_timeout_s=sa.dist_timeout)
         model_config = ModelConfig.from_path(resolve_model_path(sa.model_path, sa.load_format), sa.context_length)
         self.model_runner = ModelRunner(model_config, sa, build_memory=False)  # loads the weights
         self.model_config = self.model_runner.model_config
@@ -96,9 +122,22 @@ class TpModelWorker(ModelWorker):
         self.pooling = self.model_runner.pooling_config if sa.is_embedding else None
         self.sampler = Sampler()
         self.forward_ct = 0
+        self.agreed_max_total_tokens = None
+        if self.placement.size > 1 and sa.max_total_tokens is None:
+            from sglang.srt.configs.runtime_config import MemoryConfig
+            from sglang.srt.distributed.parallel_state import all_reduce_min
+            from sglang.srt.mem_cache.memory_manager import profile_max_num_tokens
+
+            runner = self.model_runner
+            mine = profile_max_num_tokens(runner.model_config, runner.kv_cache_dtype,
+                                          MemoryConfig.from_server_args(sa), runner.device)
+            self.agreed_max_total_tokens = all_reduce_min(mine)
 
     def memory_spec(self):
-        return self.model_runner.memory_spec()
+        spec = self.model_runner.memory_spec()
+        if self.agreed_max_total_tokens is not None:
+            spec = dataclasses.replace(spec, max_total_tokens=self.agreed_max_total_tokens)
+        return spec
 
     def attach_memory(self, memory) -> None:
         self.model_runner.attach_memory(memory)

@@ -71,6 +71,9 @@ class ModelMemorySpec:
     model_dtype: torch.dtype
     device: str = "cpu"
     mamba_layout: Optional[MambaLayout] = None
+    # Tensor parallelism: the KV token count every rank agreed on (each rank's pool holds its
+    # heads of the same slots, so the slot count must be one; None: sized from this process).
+    max_total_tokens: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +117,8 @@ def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[Ca
     )
     from sglang.srt.mem_cache.retraction_backup import build_retraction_store
 
+    if spec.max_total_tokens is not None and memory.max_total_tokens is None:
+        memory = dataclasses.replace(memory, max_total_tokens=spec.max_total_tokens)
     mm = MemoryManager(spec.model_config, memory, kv_dtype=spec.kv_dtype, model_dtype=spec.model_dtype,
                        device=spec.device, mamba_layout=spec.mamba_layout)
     if cache is None:
@@ -157,6 +162,29 @@ def build_memory(spec: ModelMemorySpec, memory: MemoryConfig, cache: Optional[Ca
     return mm
 
 
+def kv_bytes_per_token(model_config, kv_dtype: torch.dtype) -> int:
+    cfg = model_config
+    elem = torch.tensor([], dtype=kv_dtype).element_size()
+    if getattr(cfg, "is_mla", False):  # one latent per token and layer, shared by the heads
+        return len(cfg.attention_layer_ids) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * elem
+    return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
+
+
+def profile_max_num_tokens(model_config, kv_dtype: torch.dtype, config: MemoryConfig, device: str) -> int:
+    """How many KV tokens fit the memory budget of this process (before any pool is built)."""
+    frac = config.mem_fraction_static
+    budget = (CPU_DEFAULT_MEM_FRACTION if frac is None else float(frac)) * available_memory_bytes(device)
+    if not device.startswith("cuda"):
+        # Host RAM is shared with everything else on the machine (and with the other PD role):
+        # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
+        budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * GB)
+    # Data-parallel replicas (--dp-size) size their pools at the same time from the same memory
+    # (host RAM, or the one device they share here): each takes its share, so that together
+    # they keep to the budget.
+    budget /= max(int(config.dp_size or 1), 1)
+    return int(budget // kv_bytes_per_token(model_config, kv_dtype))
+
+
 def available_memory_bytes(device: str) -> int:
     if device.startswith("cuda") and torch.cuda.is_available():
         free, _total = torch.cuda.mem_get_info(torch.device(device))
@@ -186,24 +214,10 @@ class MemoryManager:
 
     # --- sizing ------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
-        cfg = self.model_config
-        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        if getattr(cfg, "is_mla", False):  # one latent per token and layer, shared by the heads
-            return len(cfg.attention_layer_ids) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * elem
-        return len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim * 2 * elem
+        return kv_bytes_per_token(self.model_config, self.kv_dtype)
 
     def _profile_max_num_token(self) -> int:
-        frac = self.config.mem_fraction_static
-        budget = (CPU_DEFAULT_MEM_FRACTION if frac is None else float(frac)) * available_memory_bytes(self.device)
-        if not self.device.startswith("cuda"):
-            # Host RAM is shared with everything else on the machine (and with the other PD role):
-            # cap the KV cache like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE does.
-            budget = min(budget, float(os.environ.get("SGLANG_CPU_KV_CACHE_SPACE", "2")) * GB)
-        # Data-parallel replicas (--dp-size) size their pools at the same time from the same memory
-        # (host RAM, or the one device they share here): each takes its share, so that together
-        # they keep to the budget.
-        budget /= max(int(self.config.dp_size or 1), 1)
-        return int(budget // self.kv_bytes_per_token())
+        return profile_max_num_tokens(self.model_config, self.kv_dtype, self.config, self.device)
 
     def _build_kv_pools(self) -> None:
         cfg, c = self.model_config, self.config

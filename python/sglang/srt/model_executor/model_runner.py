@@ -13,7 +13,9 @@ with the same call (no radix tree). Settings come from the `RunnerConfig` / `Mem
 Memory sizing, hybrid-SWA pools and the Mamba state pool: `mem_cache/memory_manager.py`. On CPU
 the linear weights get oneDNN-packed copies after loading (`linear.pack_linear_weights`),
 unless the copies would take over half of the available memory; `SGLANG_CPU_PACK_WEIGHTS=0`
-keeps plain `F.linear`.
+keeps plain `F.linear`. Under tensor parallelism (the process joined its group first, see
+managers/tp_worker.py) the model loads this rank's shards and `model_config` holds this rank's
+heads, which size its KV pool and attention backend.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from sglang.srt.configs.gguf_file import is_gguf_file
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.runtime_config import MemoryConfig, RunnerConfig
+from sglang.srt.distributed.parallel_state import get_tp_size
 from sglang.srt.layers.attention.base_attn_backend import AttentionInputs
 from sglang.srt.layers.attention.registry import create_attention_backend
 from sglang.srt.layers import cpu_ops, quantization
@@ -56,6 +59,17 @@ def _slice(cls, server_args: Any, overrides: dict):
     base = cls.from_server_args(server_args) if server_args is not None else cls()
     names = {f.name for f in dataclasses.fields(cls)}
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in names})
+
+
+def rank_model_config(model_config: ModelConfig) -> ModelConfig:
+    """The model's shape on this tensor-parallel rank: its query heads and KV heads (the model
+    itself unless TP splits it; layers/linear.py QKVParallelLinear splits them the same way)."""
+    tp = get_tp_size()
+    if tp == 1:
+        return model_config
+    kv = model_config.num_key_value_heads
+    return dataclasses.replace(model_config, num_attention_heads=model_config.num_attention_heads // tp,
+                               num_key_value_heads=kv // tp if kv >= tp else 1)
 
 
 class ModelRunner:
@@ -89,6 +103,7 @@ class ModelRunner:
         self.pools = None  # DevicePools, from attach_memory
         self.attn_backend = None
         self.load_model()
+        self.model_config = rank_model_config(self.model_config)  # TP: this rank's heads size its pools
         if build_memory:
             self.attach_memory(build_memory_for(self.memory_spec(), self.memory_config))
 

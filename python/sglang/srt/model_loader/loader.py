@@ -111,6 +111,49 @@ def check_model_servable(model_path: str) -> None:
         raise ModelConfigError(str(e)) from None
 
 
+def check_tp_servable(model_path: str, tp_size: int) -> None:
+    """With --tp-size > 1: the family is one this build splits across ranks, and its heads and
+    MLP divide by the TP size; else one line (ModelConfigError) before any process starts, never
+    a wrong answer later. Skips folders without a config.json."""
+    import json
+    import os
+
+    if tp_size <= 1:
+        return
+    path = os.path.join(str(model_path), "config.json")
+    if not os.path.isfile(path):
+        path = None
+    cfg = {}
+    if path is not None:
+        with open(path) as f:
+            cfg = json.load(f)
+    else:  # "default": the packaged SmolLM2 (a Llama)
+        cfg = {"architectures": ["LlamaForCausalLM"]}
+    archs = cfg.get("architectures") or []
+    cls = ModelRegistry.resolve_model_cls(archs)
+    if not getattr(cls, "supports_tensor_parallel", False):
+        raise ModelConfigError(
+            f"--tp-size {tp_size}: {cls.__name__} is not tensor-parallel in this build (tensor parallelism "
+            f"serves LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM); "
+            f"serve it with --tp-size 1")
+    text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+    if path is not None:
+        from sglang.srt.configs.model_config import ModelConfig
+
+        if ModelConfig.from_dict(cfg, str(model_path)).is_hybrid_swa:
+            raise ModelConfigError(f"--tp-size {tp_size}: sliding-window layers beside full ones (hybrid SWA pools) "
+                                   "are not tensor-parallel in this build; serve it with --tp-size 1")
+    heads = text.get("num_attention_heads")
+    kv = text.get("num_key_value_heads") or heads
+    checks = [("num_attention_heads", heads, heads is not None and heads % tp_size == 0),
+              ("num_key_value_heads", kv, kv is None or kv % tp_size == 0 or tp_size % kv == 0),
+              ("intermediate_size", text.get("intermediate_size"),
+               text.get("intermediate_size") is None or text["intermediate_size"] % tp_size == 0)]
+    for name, value, ok in checks:
+        if path is not None and not ok:
+            raise ModelConfigError(f"--tp-size {tp_size} does not divide the model's {name} ({value})")
+
+
 def load_hf_config(model_path: str):
     from transformers import AutoConfig
 

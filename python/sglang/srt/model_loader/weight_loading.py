@@ -11,6 +11,8 @@ Every model's `load_weights` calls `load_weights_into(model, weights, stacked_pa
 - `special(name, tensor)`: a model's own loader for names the loop does not know (stacked experts);
   returns the keys it loaded, or None to let the loop go on.
 Rotary-embedding buffers some checkpoints carry are skipped; a tied LM head is the embedding.
+A parameter whose module has a `weight_loader` (linear layers, embedding, LM head) is copied by
+it: under tensor parallelism each rank's loader takes only its slice (sharding at load time).
 
 The keys it returns are parameter names, or `name:shard` for a merged linear layer's slices;
 `expected_weight_keys(model)` lists those a complete checkpoint provides, so the loader
@@ -82,8 +84,12 @@ def load_weights_into(model: nn.Module, weights: Iterable[Tuple[str, torch.Tenso
             if name not in params:
                 unused.append(name)
                 continue
-            default_weight_loader(params[name], tensor)
             module = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            loader = getattr(module, "weight_loader", None)  # TP layers copy only this rank's slice
+            if loader is not None:
+                loader(params[name], tensor)
+            else:
+                default_weight_loader(params[name], tensor)
             loaded.update(_shard_keys(module, name) or [name])
     model.unused_weights = unused
     return loaded

@@ -156,6 +156,10 @@ class DecoderAttention(nn.Module):
         o_bias = config_bias if spec.o_bias is None else spec.o_bias
         self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, self.hidden_size, bias=o_bias)
+        # Tensor parallelism: this rank's heads (all of them in a group of one).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
         self.qk_norm = spec.qk_norm == "head"  # what layers/fused_decode.py covers
         self.qk_norm_kind = spec.qk_norm
         self.clip_qkv = float(_cfg(config, "clip_qkv", 0.0)) if spec.clip_qkv else 0.0
@@ -163,6 +167,8 @@ class DecoderAttention(nn.Module):
             self.q_norm = make_norm(spec, config, self.head_dim)
             self.k_norm = make_norm(spec, config, self.head_dim)
         elif spec.qk_norm == "full":
+            if self.qkv_proj.tp_size > 1:  # a norm over every head's q: its variance spans the ranks
+                raise ValueError("tensor parallelism does not split a q/k norm over all heads (qk_norm 'full') yet")
             self.q_norm = make_norm(spec, config, self.q_size)
             self.k_norm = make_norm(spec, config, self.kv_size)
         rope = spec.layer_rope(config, layer_id)
@@ -258,7 +264,9 @@ class DecoderLayer(nn.Module):
         self.residual_multiplier = float(_cfg(config, "residual_multiplier", 1.0)) if spec.multipliers else 1.0
         rope = self.self_attn.rotary_emb
         # what layers/fused_decode.py computes: a Llama layer
-        self.fused_decode_ok = (spec.layout == "pre" and spec.norm == "rms" and isinstance(self.mlp, GatedMLP)
+        # (one sgl-kernel call per layer or stack: no room for the TP all-reduces)
+        self.fused_decode_ok = (self.self_attn.qkv_proj.tp_size == 1
+                                and spec.layout == "pre" and spec.norm == "rms" and isinstance(self.mlp, GatedMLP)
                                 and self.mlp.act_and_mul is None and not spec.clip_qkv and self.residual_multiplier == 1.0
                                 and spec.qk_norm in (None, "head") and rope is not None
                                 and rope.rotary_dim == rope.head_size and not rope.per_forward_tables
@@ -351,6 +359,9 @@ class DecoderForCausalLM(nn.Module):
 
     spec: DecoderSpec = LLAMA_SPEC
     stacked_params_mapping: List[Tuple[str, str, Any]] = LLAMA_STACKED_PARAMS
+    # --tp-size > 1 serves this family (model_loader/loader.py check_tp_servable): set on the
+    # families whose greedy tokens under TP are tested against tp=1 and HF (test/srt/parallel/).
+    supports_tensor_parallel: bool = False
 
     def __init__(self, config: Any, model_config=None):
         super().__init__()

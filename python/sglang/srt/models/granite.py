@@ -10,6 +10,7 @@ def attention_multiplier(config, head_dim: int) -> float:
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
+    supports_tensor_parallel = False  # not tested under TP yet
     spec = LLAMA_SPEC.replace(embed_scale="multiplier", multipliers=True, scaling=attention_multiplier)
 
 

@@ -31,6 +31,7 @@ class LlamaAttention(DecoderAttention):
 
 class LlamaForCausalLM(DecoderForCausalLM):
     spec = LLAMA_SPEC
+    supports_tensor_parallel = True  # and Qwen2, Qwen3, Mistral (the subclasses that keep it)
 
 
 EntryClass = LlamaForCausalLM
@@ -40,6 +41,8 @@ class LlamaForSequenceClassification(LlamaForCausalLM):
     """HF's `*ForSequenceClassification` (rerankers, reward models): the same decoder with a
     `score` head [num_labels, hidden] instead of the LM head; the logits of the last token are
     the output (served with --is-embedding: /v1/rerank, /v1/score, /encode)."""
+
+    supports_tensor_parallel = False
 
     def __init__(self, config: Any, model_config=None):
         nn.Module.__init__(self)

@@ -6,6 +6,7 @@ from sglang.srt.models.llama import LlamaForCausalLM
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    supports_tensor_parallel = False  # not tested under TP yet
     spec = LLAMA_SPEC.replace(window_all_layers=True)
 
 

@@ -13,6 +13,7 @@ def smollm3_layer_rope(config, layer_id: int):
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
+    supports_tensor_parallel = False  # not tested under TP yet
     spec = LLAMA_SPEC.replace(layer_rope=smollm3_layer_rope)
 
 

@@ -331,6 +331,15 @@ class DisaggFields:
 
 @dataclasses.dataclass
 class ParallelFields:
+    # Tensor parallelism and multi-node (docs/parallelism.md; managers/tp_group_worker.py).
+    tp_size: int = arg(1, "The tensor parallelism size.", aliases=("--tensor-parallel-size",))
+    nnodes: int = arg(1, "The number of nodes.")
+    node_rank: int = arg(0, "The node rank.")
+    dist_init_addr: Optional[str] = arg(
+        None, "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).", aliases=("--nccl-init-addr",)
+    )
+    dist_timeout: Optional[int] = arg(None, "Set timeout for torch.distributed initialization.")
+    nccl_port: Optional[int] = arg(None, "The port for NCCL distributed environment setup. Defaults to a random port.")
     dp_size: int = arg(
         1, "The data parallelism size: scheduler replicas (each its own process, model copy, pools and cache, "
         "and on CPU its own cores) behind one HTTP/tokenizer front.", aliases=("--data-parallel-size",),

@@ -576,7 +576,44 @@ def check_parsers_implemented(sa) -> None:
                              f"Implemented: {', '.join(sorted(implemented))}.")
 
 
-# Upstream's pipeline order (reference 1.2), restricted to the rules above (and this fork's parser check).
+def check_tensor_parallel(sa) -> None:
+    """--tp-size / --nnodes / --node-rank / --dist-init-addr: a layout the launcher can start,
+    else one line before anything starts."""
+    cfg = sa._view()
+    if cfg.tp_size < 1 or cfg.nnodes < 1:
+        raise ValueError(f"--tp-size ({cfg.tp_size}) and --nnodes ({cfg.nnodes}) must be at least 1")
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(f"--node-rank {cfg.node_rank} is not in [0, --nnodes {cfg.nnodes})")
+    if cfg.tp_size % cfg.nnodes:
+        raise ValueError(f"--tp-size {cfg.tp_size} must be a multiple of --nnodes {cfg.nnodes} (the same number of "
+                         "ranks on every node)")
+    if cfg.nnodes > 1 and not cfg.dist_init_addr:
+        raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)")
+    if cfg.dist_init_addr:
+        from sglang.srt.utils import split_host_port
+
+        split_host_port(cfg.dist_init_addr)  # upstream's error for a malformed address
+    if cfg.tp_size > 1 and (cfg.dp_size or 1) > 1:
+        raise ValueError(f"--tp-size {cfg.tp_size} with --dp-size {cfg.dp_size} is not supported yet: run one of them "
+                         "(each data-parallel replica is one process)")
+    if cfg.tp_size > 1 and cfg.disaggregation_mode != "null":
+        raise ValueError(f"--tp-size {cfg.tp_size} with --disaggregation-mode {cfg.disaggregation_mode} is not supported "
+                         "yet: the KV transfer moves one rank's pages; run PD servers with --tp-size 1")
+    if cfg.tp_size > 1 and cfg.speculative_algorithm is not None:
+        raise ValueError(f"--tp-size {cfg.tp_size} with --speculative-algorithm {cfg.speculative_algorithm} is not "
+                         "supported yet: the verify step runs on one rank; run speculative decoding with --tp-size 1")
+    if cfg.tp_size > 1 and (cfg.load_format == "gguf" or _is_gguf_model(cfg.model_path)):
+        raise ValueError(f"--tp-size {cfg.tp_size} with a GGUF model is not supported yet: its blocks are not split "
+                         "across ranks; run it with --tp-size 1")
+
+
+def _is_gguf_model(path) -> bool:
+    from sglang.srt.configs.gguf_file import is_gguf_file
+
+    return path not in (None, "default") and is_gguf_file(path)
+
+
+# Upstream's pipeline order (reference 1.2), restricted to the rules above (and this fork's checks).
 RESOLUTION_PIPELINE = (
     handle_hicache_ratio_default,
     handle_missing_default_values,
@@ -595,6 +632,7 @@ RESOLUTION_PIPELINE = (
     handle_cache_compatibility,
     handle_load_format,
     check_parsers_implemented,
+    check_tensor_parallel,
 )
 
 

@@ -11,6 +11,10 @@ thread: a full-width OpenMP pool in an idle process spins against the scheduler'
 whose cores overlap take turns (`sglang.srt.utils.compute_turns`). With `--dp-size N` each
 replica is one rank: group i of the variable, or, unset, an even share of the cores
 (`replica_cores`).
+
+Tensor parallelism (`tp_core_groups`): rank i on a node takes the i-th "|"-separated list; with
+the variable unset the node's available cores are split evenly between its ranks (2 cores, 2
+ranks: "0|1"), and each rank runs one torch thread per core it has.
 """
 
 from __future__ import annotations
@@ -103,6 +107,33 @@ def bind_scheduler(rank: int = 0, cores: Optional[List[int]] = None) -> str:
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(len(cores))
     return f"CPU threads: {len(cores)}, bound to cores {format_cores(cores)} ({source})"
+
+
+def tp_core_groups(num_local_ranks: int, spec: Optional[str] = None) -> List[Optional[List[int]]]:
+    """The cores of each of this node's TP ranks: from `SGLANG_CPU_OMP_THREADS_BIND` (one list per
+    rank, "|" between them), else the available cores split evenly (None for a single rank that
+    was given nothing: it keeps the process's cores)."""
+    spec = os.environ.get(ENV) if spec is None else spec
+    if spec is not None and spec.strip() not in ("", "all"):
+        return [cores_for_rank(spec, i) for i in range(num_local_ranks)]
+    if num_local_ranks <= 1:
+        return [None]
+    cores = available_cores()
+    if len(cores) < num_local_ranks:  # fewer cores than ranks: they share, round robin
+        return [[cores[i % len(cores)]] for i in range(num_local_ranks)]
+    per = len(cores) // num_local_ranks
+    return [cores[i * per:(i + 1) * per] for i in range(num_local_ranks)]
+
+
+def bind_to_cores(cores: Optional[Sequence[int]]) -> str:
+    """Pins this process to `cores` with one torch thread per core (None: unchanged); a log line."""
+    import torch
+
+    if cores is None:
+        return f"CPU threads: {torch.get_num_threads()} (cores {format_cores(available_cores())})"
+    os.sched_setaffinity(0, list(cores))
+    torch.set_num_threads(len(cores))
+    return f"CPU threads: {len(cores)}, bound to cores {format_cores(cores)}"
 
 
 def one_thread() -> None:

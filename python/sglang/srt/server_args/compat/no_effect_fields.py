@@ -114,9 +114,6 @@ class NoEffectFields:
         no_effect="no KV checksums",
     )
     # --- from upstream's parallel fields
-    tp_size: int = arg(1, "The tensor parallelism size.", aliases=("--tensor-parallel-size",),
-        no_effect=_ONE_DEVICE,
-    )
     pp_size: int = arg(1, "The pipeline parallelism size.", aliases=("--pipeline-parallel-size",),
         no_effect=_ONE_DEVICE,
     )
@@ -130,22 +127,6 @@ class NoEffectFields:
         no_effect=_ONE_DEVICE,
     )
     dcp_size: int = arg(1, "The decode context parallelism size.", aliases=("--decode-context-parallel-size",),
-        no_effect=_ONE_DEVICE,
-    )
-    nnodes: int = arg(1, "The number of nodes.",
-        no_effect=_ONE_DEVICE,
-    )
-    node_rank: int = arg(0, "The node rank.",
-        no_effect=_ONE_DEVICE,
-    )
-    dist_init_addr: Optional[str] = arg(
-        None, "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`).", aliases=("--nccl-init-addr",),
-        no_effect=_ONE_DEVICE,
-    )
-    dist_timeout: Optional[int] = arg(None, "Set timeout for torch.distributed initialization.",
-        no_effect=_ONE_DEVICE,
-    )
-    nccl_port: Optional[int] = arg(None, "The port for NCCL distributed environment setup. Defaults to a random port.",
         no_effect=_ONE_DEVICE,
     )
     # --- from upstream's device fields
