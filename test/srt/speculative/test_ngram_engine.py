@@ -15,9 +15,9 @@ DOC = ("Dear Ms. Rowe, thank you for your letter of the 4th. The shipment of twe
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from sglang.srt.model_loader.default_model import ensure_default_model
+    from sglang.srt.model_loader.default_model import default_model_path
 
-    return ensure_default_model()
+    return default_model_path()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import List
 
 logger = logging.getLogger(__name__)
@@ -33,15 +34,21 @@ class EngineProcesses:
     # utils/heartbeat.py: the scheduler loop's, in shared memory (read by /health); with --dp-size,
     # every replica's (`Heartbeats`: the oldest counts)
     heartbeat: object = None
+    # `Process.is_alive` reaps with waitpid: when two threads ask at once (/health and
+    # `watch_children`), the one that loses the race gets ECHILD, which multiprocessing reports
+    # as "still alive". One lock makes the answer the same for every asker.
+    _poll_lock: object = field(default_factory=threading.Lock, repr=False)
 
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.processes)
+    def alive(self, among=None) -> bool:
+        """Whether every child (or every one of `among`) is still running."""
+        return self.dead_process(among) is None
 
-    def dead_process(self):
-        """(name, exit code) of a child that has exited, or None."""
-        for p in self.processes:
-            if not p.is_alive():
-                return p.name, p.exitcode
+    def dead_process(self, among=None):
+        """(name, exit code) of a child (of `among`) that has exited, or None."""
+        with self._poll_lock:
+            for p in self.processes if among is None else among:
+                if not p.is_alive():
+                    return p.name, p.exitcode
         return None
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -153,7 +160,7 @@ def launch_engine_processes(server_args, notify_parent: bool = False) -> EngineP
         one_thread()
     sched_procs = [s.process for s in schedulers]
     procs.tokenizer_manager = TokenizerManager(
-        server_args, port_args, procs.scheduler_info, is_scheduler_alive=lambda: all(p.is_alive() for p in sched_procs),
+        server_args, port_args, procs.scheduler_info, is_scheduler_alive=lambda: procs.alive(sched_procs),
         tokenizer=tokenizer, replica_loads=[s.replica.load for s in schedulers] if len(schedulers) > 1 else None)
     return procs
 
@@ -271,12 +278,19 @@ def run_nonzero_node(server_args) -> int:
     health = None
     try:
         _wait_all_ready([(r, p, p.name) for p, r in ranks])
-        health = _node_health_server(server_args.host, server_args.port, lambda: all(p.is_alive() for p in procs))
+        lock = threading.Lock()  # is_alive reaps: one asker at a time (see EngineProcesses._poll_lock)
+
+        def ranks_alive() -> bool:
+            with lock:
+                return all(p.is_alive() for p in procs)
+
+        health = _node_health_server(server_args.host, server_args.port, ranks_alive)
         logger.info(f"Node {server_args.node_rank}: TP ranks {[p.name for p in procs]} joined the group at "
                     f"{server_args.dist_init_addr}; node 0 serves HTTP. Waiting on the ranks.")
-        while all(p.is_alive() for p in procs):
+        while ranks_alive():
             time.sleep(0.2)
-        dead = next(p for p in procs if not p.is_alive())
+        with lock:
+            dead = next(p for p in procs if not p.is_alive())
         code = dead.exitcode
         if code:
             logger.error(f"Node {server_args.node_rank}: {dead.name} exited with code {code}; stopping this node.")
