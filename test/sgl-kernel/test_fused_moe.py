@@ -23,19 +23,6 @@ ops = torch.ops.sgl_kernel
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-@pytest.fixture(params=sgl_kernel.supported_isas() or ["none"])
-def isa(request):
-    before = sgl_kernel.isa()
-    sgl_kernel.use_isa(request.param)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield request.param
-    torch.utils.deterministic.fill_uninitialized_memory = fill
-    torch.use_deterministic_algorithms(False)
-    sgl_kernel.use_isa(before)
-
-
 def loop_reference(x, w13, w2, weights, ids, w13_scale=None, w2_scale=None):
     """Token by token, choice by choice: each expert's math in x's dtype (each product rounded as
     a linear layer rounds it), the weighted results added in increasing expert order in x's dtype
